@@ -1,0 +1,132 @@
+"""Typed configuration: params.yaml -> pydantic models.
+
+The same models are the Prefect flow parameters (the UI renders them as forms) and the
+arguments of every stage core, so there is exactly one place a parameter is defined.
+Every model forbids unknown keys: a typo in params.yaml is an error, never a silent default.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+
+class ConfigError(ValueError):
+    """One clear message naming the offending key(s) and what was expected."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PathsParams(Strict):
+    data_dir: str = Field("data", description="Root of all stage outputs (one folder per stage).")
+    benchmarks_dir: str = Field(
+        "../shared/benchmarks",
+        description="Folder with the official evaluation-task files (see README).",
+    )
+
+
+class RunnerParams(Strict):
+    """How shards run in parallel inside a Prefect flow (dvc repro uses `workers`)."""
+
+    kind: Literal["sequential", "threads", "processes", "dask"] = "threads"
+    max_workers: int = Field(2, ge=1, le=512)
+    dask_address: str | None = Field(
+        None, description="tcp://host:port of an existing Dask scheduler (kind=dask)."
+    )
+
+
+class SampleParams(Strict):
+    """The built-in mini-crawl: a deterministic stand-in for Common Crawl + curated sets."""
+
+    seed: int = 1234
+    crawl_id: str = Field("CC-MAIN-2020-50", pattern=r"^CC-MAIN-\d{4}-\d{2}$")
+    n_warc_files: int = Field(4, ge=1, le=1000)
+    pages_per_warc: int = Field(60, ge=1, le=100_000)
+    curated_docs_per_dataset: int = Field(40, ge=1, le=1_000_000)
+
+
+class CuratedSource(Strict):
+    path: str = Field(description="A Pile-style .jsonl or .jsonl.zst file, or a glob of them.")
+    dataset: str | None = Field(
+        None, description="Tag for every document; default: meta.pile_set_name of each line."
+    )
+
+
+class DownloadParams(Strict):
+    source: Literal["sample", "commoncrawl"] = Field(
+        "sample",
+        description="sample: serve data/sample on 127.0.0.1 and download it over real HTTP.",
+    )
+    base_url: str = Field("https://data.commoncrawl.org", pattern=r"^https?://[^\s]+$")
+    crawl_id: str = Field("CC-MAIN-2020-50", pattern=r"^CC-MAIN-\d{4}-\d{2}$")
+    n_files: int = Field(4, ge=1, le=100_000)
+    selection: Literal["first", "random"] = "random"
+    seed: int = 0
+    retries: int = Field(5, ge=0, le=20)
+    backoff_s: float = Field(0.5, ge=0, le=60)
+    backoff_max_s: float = Field(30.0, ge=0, le=600)
+    timeout_s: float = Field(60.0, gt=0, le=3600)
+    curated: list[CuratedSource] = Field(
+        default_factory=list,
+        description="Local curated datasets; in sample mode the sample's own are added.",
+    )
+
+
+class ExtractParams(Strict):
+    extractor: Literal["resiliparse", "trafilatura"] = "resiliparse"
+    time_limit_s: float = Field(5.0, gt=0, le=600, description="Per-document extraction limit.")
+    max_html_bytes: int = Field(4_000_000, ge=1024, description="Larger payloads are skipped.")
+    min_text_chars: int = Field(1, ge=0)
+    lang_chars: int = Field(5000, ge=100, description="Characters fed to language ID.")
+
+
+class PipelineParams(Strict):
+    paths: PathsParams = PathsParams()
+    runner: RunnerParams = RunnerParams()
+    sample: SampleParams = SampleParams()
+    download: DownloadParams = DownloadParams()
+    extract: ExtractParams = ExtractParams()
+
+    @field_validator("runner")
+    @classmethod
+    def _dask_needs_no_address_unless_dask(cls, v: RunnerParams) -> RunnerParams:
+        if v.dask_address and v.kind != "dask":
+            raise ValueError("dask_address is only used with kind: dask")
+        return v
+
+
+def _format(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "<root>"
+        got = e.get("input")
+        got_s = "" if e["type"] == "missing" else f" (got {got!r})"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"{key}: unknown key")
+        else:
+            lines.append(f"{key}: {e['msg']}{got_s}")
+    return "; ".join(lines)
+
+
+def parse_params(raw: dict, source: str = "params") -> PipelineParams:
+    try:
+        return PipelineParams.model_validate(raw or {})
+    except ValidationError as err:
+        raise ConfigError(f"{source}: {_format(err)}") from None
+
+
+def load_params(path: str | Path = "params.yaml") -> PipelineParams:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{path}: file not found")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    if raw is not None and not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of stage names")
+    return parse_params(raw or {}, str(path))

@@ -1,0 +1,128 @@
+"""Stage `download`: Common Crawl WARC files over HTTP(S) + local curated Pile-style datasets.
+
+Shards: one per WARC file (output: the verified .warc.gz) and one per curated file (output: a
+Parquet shard in the document schema, `lang` still empty). In sample mode the built-in sample
+(data/sample) is served on 127.0.0.1 and downloaded through the same HTTP code as real data.
+"""
+from __future__ import annotations
+
+import contextlib
+import glob
+import gzip
+import io
+import json
+import random
+from pathlib import Path
+from typing import Iterator
+
+import zstandard
+
+from tasks.config import PipelineParams
+from tasks.http_fetch import RetryPolicy, UnsafePathError, fetch, fetch_bytes, safe_filename, safe_url
+from tasks.http_server import StaticServer
+from tasks.sample import curated_files
+from tasks.schema import DocWriter
+from tasks.shards import Shard, ShardStats, StageLayout
+
+NAME = "download"
+
+
+def stage_params(p: PipelineParams) -> dict:
+    d = p.download.model_dump(mode="json")
+    if p.download.source == "sample":
+        d["sample"] = p.sample.model_dump(mode="json")
+    return d
+
+
+def policy(p: PipelineParams) -> RetryPolicy:
+    d = p.download
+    return RetryPolicy(d.retries, d.backoff_s, d.backoff_max_s, d.timeout_s)
+
+
+@contextlib.contextmanager
+def runtime(p: PipelineParams) -> Iterator[dict]:
+    """Where to download from. Sample mode serves data/sample on loopback for the stage's duration."""
+    if p.download.source == "sample":
+        root = Path(p.paths.data_dir) / "sample"
+        if not (root / "crawl-data").is_dir():
+            raise FileNotFoundError(f"{root}: no sample crawl; run the `sample` stage first")
+        with StaticServer(root) as url:
+            yield {"base_url": url, "crawl_id": p.sample.crawl_id}
+    else:
+        yield {"base_url": p.download.base_url, "crawl_id": p.download.crawl_id}
+
+
+def select(paths: list[str], n: int, how: str, seed: int) -> list[str]:
+    if how == "first" or n >= len(paths):
+        return paths[:n]
+    keep = sorted(random.Random(seed).sample(range(len(paths)), n))  # listing order kept
+    return [paths[i] for i in keep]
+
+
+def plan(p: PipelineParams, rt: dict, layout: StageLayout) -> list[Shard]:
+    listing = f"crawl-data/{rt['crawl_id']}/warc.paths.gz"
+    raw = fetch_bytes(safe_url(rt["base_url"], listing), policy(p), layout.root / ".warc.paths.gz.part")
+    paths = [ln.strip() for ln in gzip.decompress(raw).decode("utf-8").splitlines() if ln.strip()]
+    shards, names = [], set()
+    for rel in select(paths, p.download.n_files, p.download.selection, p.download.seed):
+        safe_url(rt["base_url"], rel)  # reject unsafe listings before any transfer starts
+        name = safe_filename(rel)
+        if name in names:
+            raise UnsafePathError(f"two listed paths map to the same file name {name!r}")
+        names.add(name)
+        shards.append(Shard(name=f"warc-{name}", inputs=(rel,), output=name))
+    sources = [(str(f), None) for f in curated_files(Path(p.paths.data_dir) / "sample")] \
+        if p.download.source == "sample" else []
+    for c in p.download.curated:
+        matches = sorted(glob.glob(c.path)) or [c.path]
+        sources += [(m, c.dataset) for m in matches]
+    for path, dataset in sources:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"download.curated: {path} does not exist")
+        stem = safe_filename(Path(path).name.removesuffix(".zst").removesuffix(".jsonl"))
+        shards.append(Shard(name=f"curated-{stem}", inputs=(path,), output=f"curated-{stem}.parquet",
+                            tag=dataset or ""))
+    return shards
+
+
+def process(shard: Shard, tmp: Path, p: PipelineParams, rt: dict) -> ShardStats:
+    if shard.name.startswith("curated-"):
+        return ingest_curated(Path(shard.inputs[0]), tmp, shard.tag or None)
+    rep = fetch(safe_url(rt["base_url"], shard.inputs[0]), tmp, policy(p))
+    st = ShardStats(docs_in=1, docs_out=1, bytes_in=rep.bytes, bytes_out=rep.bytes)
+    st.extra = {"http_attempts": rep.attempts, "range_resumes": rep.range_resumes,
+                "truncated_gzip_restarts": rep.restarts_truncated_gzip}
+    return st
+
+
+def _open_text(path: Path) -> io.TextIOBase:
+    raw = open(path, "rb")
+    if path.name.endswith(".zst"):
+        raw = zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
+    return io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="\n")
+
+
+def ingest_curated(path: Path, out: Path, dataset: str | None) -> ShardStats:
+    """Pile-style lines {"text", "meta": {"pile_set_name"}} -> document shard, streamed."""
+    st = ShardStats()
+    with _open_text(path) as fh, DocWriter(out) as w:
+        for i, line in enumerate(fh):
+            if not line.strip():
+                continue
+            st.docs_in += 1
+            st.bytes_in += len(line)
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                st.drop("malformed_json")
+                continue
+            text = row.get("text") if isinstance(row, dict) else None
+            if not isinstance(text, str) or not text.strip():
+                st.drop("missing_text")
+                continue
+            meta = row.get("meta") if isinstance(row.get("meta"), dict) else {}
+            name = dataset or meta.get("pile_set_name") or path.name.split(".")[0]
+            w.write({"id": f"{name}/{path.name}/{i}", "text": text, "dataset": str(name), "url": "",
+                     "crawl": "", "lang": "", "lang_score": 0.0})
+    st.docs_out, st.bytes_out = w.docs, w.text_bytes
+    return st

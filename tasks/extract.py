@@ -1,0 +1,170 @@
+"""Stage `extract`: WARC responses -> main text -> language ID -> document shards.
+
+Per WARC shard: every record is either a document or a drop counted under its reason, so
+docs_in == docs_out + sum(dropped). Curated shards from `download` pass through language ID.
+HTML decoding and extraction run in a child process with a per-document time limit
+(tasks.sandbox), so one pathological page cannot stall a shard.
+"""
+from __future__ import annotations
+
+import codecs
+from pathlib import Path
+from typing import Iterator
+
+from tasks.config import PipelineParams
+from tasks.sandbox import TIMED_OUT, worker_for
+from tasks.schema import DocWriter, iter_docs
+from tasks.shards import Shard, ShardStats, StageLayout
+from tasks.warc_reader import Record, iter_warc, parse_http
+
+NAME = "extract"
+HTML_TYPES = ("text/html", "application/xhtml+xml")
+
+
+def stage_params(p: PipelineParams) -> dict:
+    return p.extract.model_dump(mode="json")
+
+
+def plan(p: PipelineParams, rt: dict, layout: StageLayout) -> list[Shard]:
+    src = Path(p.paths.data_dir) / "download" / "shards"
+    if not src.is_dir():
+        raise FileNotFoundError(f"{src}: no download output; run the `download` stage first")
+    shards = []
+    for f in sorted(src.iterdir()):
+        if f.name.endswith(".warc.gz") or f.name.endswith(".warc"):
+            stem = f.name.removesuffix(".gz").removesuffix(".warc")
+            shards.append(Shard(name=stem, inputs=(str(f),), output=f"{stem}.parquet"))
+        elif f.name.endswith(".parquet"):
+            shards.append(Shard(name=f.stem, inputs=(str(f),), output=f.name))
+    return shards
+
+
+def _charset(content_type: str) -> str | None:
+    for part in content_type.split(";")[1:]:
+        k, _, v = part.strip().partition("=")
+        if k.lower() == "charset" and v:
+            return v.strip("\"' ").lower()
+    return None
+
+
+def decode_html(body: bytes, declared: str | None) -> tuple[str, bool]:
+    """Decode with the declared charset; if it is missing, unknown or wrong, detect it."""
+    if declared:
+        try:
+            return body.decode(codecs.lookup(declared).name), False
+        except (LookupError, UnicodeDecodeError):
+            pass
+    try:
+        return body.decode("utf-8"), declared is not None
+    except UnicodeDecodeError:
+        from resiliparse.parse.encoding import bytes_to_str, detect_encoding
+
+        return bytes_to_str(body, detect_encoding(body)), True
+
+
+def extract_one(item: tuple) -> tuple[str, bool]:
+    """Runs in the sandbox child: (body, charset, extractor) -> (main text, encoding repaired)."""
+    body, charset, extractor = item
+    html, repaired = decode_html(body, charset)
+    if extractor == "trafilatura":
+        import trafilatura
+
+        text = trafilatura.extract(html, include_comments=False, include_tables=False) or ""
+    else:
+        from resiliparse.extract.html2text import extract_plain_text
+        from resiliparse.parse.html import HTMLTree
+
+        text = extract_plain_text(HTMLTree.parse(html), main_content=True, alt_texts=False,
+                                  links=False, list_bullets=False)
+    return text.strip(), repaired
+
+
+def detect_lang(text: str, n_chars: int) -> tuple[str, float]:
+    from resiliparse.parse.lang import detect_fast
+
+    lang, score = detect_fast(text[:n_chars])
+    return lang, float(score)
+
+
+def _candidates(path: Path, p: PipelineParams, st: ShardStats, meta: list) -> Iterator[tuple]:
+    """Filter WARC records down to HTML bodies worth extracting; count every drop."""
+    for i, rec in enumerate(iter_warc(path)):
+        st.docs_in += 1
+        if isinstance(rec, str):
+            st.drop(rec)
+            continue
+        st.bytes_in += len(rec.payload)
+        reason = _skip_reason(rec)
+        if reason:
+            st.drop(reason)
+            continue
+        try:
+            status, headers, body = parse_http(rec.payload)
+        except ValueError:
+            st.drop("malformed_http")
+            continue
+        ctype = headers.get("content-type", "").split(";")[0].strip().lower()
+        if status != 200:
+            st.drop("http_not_200")
+        elif ctype not in HTML_TYPES:
+            st.drop("not_html")
+        elif not body.strip():
+            st.drop("empty_body")
+        elif len(body) > p.extract.max_html_bytes:
+            st.drop("too_large")
+        elif headers.get("content-encoding", "identity") not in ("identity", ""):
+            st.drop("content_encoded")  # CC stores decoded payloads; anything else is unreadable here
+        else:
+            meta.append((i, rec.headers.get("warc-target-uri", "")))
+            yield body, _charset(headers.get("content-type", "")), p.extract.extractor
+
+
+def _skip_reason(rec: Record) -> str | None:
+    if rec.type != "response":
+        return f"record_{rec.type or 'untyped'}"
+    if "application/http" not in rec.headers.get("content-type", "application/http"):
+        return "not_http"
+    return None
+
+
+def _extract_warc(shard: Shard, tmp: Path, p: PipelineParams) -> ShardStats:
+    st, meta = ShardStats(), []
+    path = Path(shard.inputs[0])
+    crawl = path.name.split("-")[0:4]
+    crawl_id = "-".join(crawl) if crawl[:2] == ["CC", "MAIN"] else ""
+    worker = worker_for("tasks.extract:extract_one")
+    with DocWriter(tmp) as w:
+        for k, (ok, res) in enumerate(worker.map(_candidates(path, p, st, meta), p.extract.time_limit_s)):
+            rec_index, url = meta[k]
+            if not ok:
+                st.drop("extract_timeout" if res is TIMED_OUT else "extract_error")
+                continue
+            text, repaired = res
+            if repaired:
+                st.extra["encoding_repaired"] = st.extra.get("encoding_repaired", 0) + 1
+            if len(text) < max(1, p.extract.min_text_chars):
+                st.drop("empty_text")
+                continue
+            lang, score = detect_lang(text, p.extract.lang_chars)
+            w.write({"id": f"common-crawl/{shard.name}/{rec_index}", "text": text, "dataset": "common-crawl",
+                     "url": url, "crawl": crawl_id, "lang": lang, "lang_score": score})
+    st.docs_out, st.bytes_out = w.docs, w.text_bytes
+    return st
+
+
+def _langid_curated(shard: Shard, tmp: Path, p: PipelineParams) -> ShardStats:
+    st = ShardStats()
+    with DocWriter(tmp) as w:
+        for doc in iter_docs(Path(shard.inputs[0])):
+            st.docs_in += 1
+            st.bytes_in += len(doc["text"].encode("utf-8"))
+            doc["lang"], doc["lang_score"] = detect_lang(doc["text"], p.extract.lang_chars)
+            w.write(doc)
+    st.docs_out, st.bytes_out = w.docs, w.text_bytes
+    return st
+
+
+def process(shard: Shard, tmp: Path, p: PipelineParams, rt: dict) -> ShardStats:
+    if shard.inputs[0].endswith(".parquet"):
+        return _langid_curated(shard, tmp, p)
+    return _extract_warc(shard, tmp, p)

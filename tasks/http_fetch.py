@@ -1,0 +1,164 @@
+"""Fault-tolerant HTTP download: retries with exponential backoff, Range resume, gzip check.
+
+Nothing half-downloaded is ever reported as complete: a transfer is done only when the byte count
+matches Content-Length and (for .gz) the gzip stream decodes to a clean end.
+"""
+from __future__ import annotations
+
+import http.client
+import re
+import socket
+import time
+import urllib.error
+import urllib.request
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import quote, urlparse
+
+
+class DownloadError(RuntimeError):
+    pass
+
+
+class UnsafePathError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    retries: int = 5
+    backoff_s: float = 0.5
+    backoff_max_s: float = 30.0
+    timeout_s: float = 60.0
+    chunk: int = 1 << 20
+
+    def delay(self, attempt: int) -> float:
+        return min(self.backoff_max_s, self.backoff_s * (2 ** attempt))
+
+
+@dataclass
+class FetchReport:
+    bytes: int = 0
+    attempts: int = 0
+    range_resumes: int = 0
+    restarts_truncated_gzip: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+_BAD_CHARS = re.compile(r"[\x00-\x20\x7f\\?#%]")
+
+
+def safe_url(base_url: str, rel_path: str) -> str:
+    """Join a listed path under the base URL, rejecting anything that could escape it."""
+    base = urlparse(base_url)
+    if base.scheme not in ("http", "https") or not base.netloc:
+        raise UnsafePathError(f"base URL {base_url!r}: only http(s) URLs are allowed")
+    segs = rel_path.split("/")
+    if (not rel_path or rel_path.startswith("/") or "://" in rel_path or _BAD_CHARS.search(rel_path)
+            or any(s in ("", ".", "..") for s in segs)):
+        raise UnsafePathError(f"listed path {rel_path!r} rejected: must be a plain relative path")
+    url = base_url.rstrip("/") + "/" + quote(rel_path, safe="/")
+    got = urlparse(url)
+    if got.netloc != base.netloc or not got.path.startswith(base.path.rstrip("/") + "/"):
+        raise UnsafePathError(f"listed path {rel_path!r} resolves outside {base_url}")
+    return url
+
+
+def safe_filename(rel_path: str) -> str:
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", rel_path.rsplit("/", 1)[-1]).lstrip(".")[:200]
+    if not name:
+        raise UnsafePathError(f"listed path {rel_path!r} has no usable file name")
+    return name
+
+
+def gzip_complete(path: Path) -> bool:
+    """True iff the file is one or more complete gzip members and nothing else."""
+    d = zlib.decompressobj(31)
+    members, pending = 0, False  # pending: bytes of a member whose end we have not seen yet
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 20):
+            while block:
+                try:
+                    d.decompress(block)
+                except zlib.error:
+                    return False
+                if d.eof:
+                    members, pending = members + 1, False
+                    block = d.unused_data
+                    d = zlib.decompressobj(31)
+                else:
+                    pending, block = True, b""
+    return members > 0 and not pending
+
+
+_RETRYABLE = (urllib.error.URLError, ConnectionError, socket.timeout, TimeoutError,
+              http.client.IncompleteRead, http.client.RemoteDisconnected, http.client.BadStatusLine)
+
+
+def _stream(url: str, dest: Path, policy: RetryPolicy, rep: FetchReport) -> None:
+    have = dest.stat().st_size if dest.exists() else 0
+    req = urllib.request.Request(url, headers={"User-Agent": "mtnlg-repro/0.1"})
+    if have:
+        req.add_header("Range", f"bytes={have}-")
+    with urllib.request.urlopen(req, timeout=policy.timeout_s) as resp:
+        status = resp.status
+        if status == 206:
+            m = re.match(r"bytes (\d+)-", resp.headers.get("Content-Range", ""))
+            if not m or int(m.group(1)) != have:
+                raise DownloadError(f"{url}: server sent range {resp.headers.get('Content-Range')!r}")
+            rep.range_resumes += 1
+            mode = "ab"
+        else:
+            have, mode = 0, "wb"  # server ignored the Range header: start over
+        expected = resp.headers.get("Content-Length")
+        got = 0
+        with open(dest, mode) as fh:
+            while chunk := resp.read(policy.chunk):
+                fh.write(chunk)
+                got += len(chunk)
+        if expected is not None and got != int(expected):
+            raise http.client.IncompleteRead(b"", int(expected) - got)
+
+
+def fetch(url: str, dest: Path, policy: RetryPolicy, verify_gzip: bool = True) -> FetchReport:
+    """Download `url` to `dest` (created or resumed); raise DownloadError when retries run out."""
+    rep = FetchReport()
+    for attempt in range(policy.retries + 1):
+        rep.attempts += 1
+        try:
+            _stream(url, dest, policy, rep)
+            if verify_gzip and not gzip_complete(dest):
+                rep.restarts_truncated_gzip += 1
+                dest.unlink(missing_ok=True)
+                raise DownloadError(f"{url}: gzip stream is truncated or corrupt")
+            rep.bytes = dest.stat().st_size
+            return rep
+        except urllib.error.HTTPError as e:
+            if e.code == 416 and verify_gzip and dest.exists() and gzip_complete(dest):
+                rep.bytes = dest.stat().st_size  # we already had every byte
+                return rep
+            if e.code == 416:
+                dest.unlink(missing_ok=True)
+            elif not (e.code >= 500 or e.code in (408, 429)):
+                raise DownloadError(f"{url}: HTTP {e.code} {e.reason} (not retried)") from None
+            rep.errors.append(f"HTTP {e.code}")
+        except DownloadError as e:
+            if "truncated" not in str(e) and "range" not in str(e):
+                raise
+            if "range" in str(e):
+                dest.unlink(missing_ok=True)
+            rep.errors.append(str(e))
+        except _RETRYABLE as e:
+            rep.errors.append(f"{e.__class__.__name__}: {e}")
+        if attempt < policy.retries:
+            time.sleep(policy.delay(attempt))
+    raise DownloadError(f"{url}: failed after {rep.attempts} attempts: {'; '.join(rep.errors[-3:])}")
+
+
+def fetch_bytes(url: str, policy: RetryPolicy, tmp: Path) -> bytes:
+    fetch(url, tmp, policy, verify_gzip=url.endswith(".gz"))
+    try:
+        return tmp.read_bytes()
+    finally:
+        tmp.unlink(missing_ok=True)

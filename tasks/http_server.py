@@ -1,0 +1,78 @@
+"""A small static HTTP server on 127.0.0.1 with Range support.
+
+`make run` serves the sample crawl through it so the download stage exercises its real HTTP path;
+tests subclass the handler to inject faults. Only ever binds to loopback.
+"""
+from __future__ import annotations
+
+import os
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+
+class StaticHandler(BaseHTTPRequestHandler):
+    root: Path = Path(".")
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:  # keep test and pipeline output clean
+        pass
+
+    def resolve(self) -> Path | None:
+        rel = unquote(urlparse(self.path).path).lstrip("/")
+        target = (self.root / rel).resolve()
+        root = self.root.resolve()
+        if root not in target.parents and target != root:
+            return None
+        return target if target.is_file() else None
+
+    def do_GET(self) -> None:
+        path = self.resolve()
+        if path is None:
+            self.send_error(404)
+            return
+        data = path.read_bytes()
+        start, status = 0, 200
+        m = re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range", ""))
+        if m:
+            start = int(m.group(1))
+            if start >= len(data):
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{len(data)}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            status = 206
+        self.send_body(data, start, status)
+
+    def send_body(self, data: bytes, start: int, status: int) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(len(data) - start))
+        self.send_header("Accept-Ranges", "bytes")
+        if status == 206:
+            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+        self.end_headers()
+        self.wfile.write(data[start:])
+
+
+class StaticServer:
+    """`with StaticServer(root) as base_url:` serves `root` until the block ends."""
+
+    def __init__(self, root: str | os.PathLike, handler: type[StaticHandler] = StaticHandler, port: int = 0):
+        self.handler = type("BoundHandler", (handler,), {"root": Path(root)})
+        self.port = port
+        self.httpd: ThreadingHTTPServer | None = None
+
+    def __enter__(self) -> str:
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", self.port), self.handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def __exit__(self, *exc) -> None:
+        assert self.httpd is not None
+        self.httpd.shutdown()
+        self.httpd.server_close()
