@@ -1,0 +1,54 @@
+# Two commands do all the set-up on a fresh machine: `make run` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+PORT   ?= 4200
+
+export OMP_NUM_THREADS ?= 1
+export DVC_NO_ANALYTICS = 1
+export PREFECT_SERVER_ANALYTICS_ENABLED = false
+export DO_NOT_TRACK = 1
+export GX_ANALYTICS_ENABLED = False
+export DS_ACCELERATOR ?= cpu
+
+.PHONY: install run test repro ui deploy worker bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## Run the whole pipeline DAG on the built-in sample through Prefect (temporary local server).
+run: install
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m flows.pipeline params.yaml
+
+## The test suite (CI calls this through .ci/run).
+test: install
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q tests
+
+## Reproduce the pipeline with DVC instead (same stage entry points).
+repro: install
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/dvc repro
+
+## Prefect UI on http://127.0.0.1:$(PORT)
+ui: install
+	PREFECT_API_URL=http://127.0.0.1:$(PORT)/api $(VENV)/bin/prefect server start --host 127.0.0.1 --port $(PORT)
+
+## Register the deployments of prefect.yaml with the server started by `make ui`.
+deploy: install
+	PREFECT_API_URL=http://127.0.0.1:$(PORT)/api $(VENV)/bin/prefect work-pool create local-process --type process --overwrite
+	PREFECT_API_URL=http://127.0.0.1:$(PORT)/api $(VENV)/bin/prefect deploy --all
+
+## A worker that executes runs triggered from the UI.
+worker: install
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH PREFECT_API_URL=http://127.0.0.1:$(PORT)/api $(VENV)/bin/prefect worker start --pool local-process
+
+bench: install
+	$(PY) -m benchmarks.extract
+
+clean:
+	rm -rf data/sample data/download data/extract data/docs

@@ -1,0 +1,39 @@
+"""Expectations on `download`: every file is complete, safely named and non-empty."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+
+from tasks.http_fetch import gzip_complete
+
+
+def expectations() -> list:
+    import great_expectations as gx
+
+    E = gx.expectations
+    return [
+        E.ExpectTableRowCountToBeBetween(min_value=1),
+        E.ExpectColumnValuesToBeUnique(column="file"),
+        E.ExpectColumnValuesToMatchRegex(column="file", regex=r"^[A-Za-z0-9][A-Za-z0-9._-]*$"),
+        E.ExpectColumnValuesToBeBetween(column="bytes", min_value=1),
+        E.ExpectColumnValuesToBeInSet(column="complete", value_set=[True]),
+    ]
+
+
+def _complete(path: Path) -> bool:
+    if path.suffix == ".parquet":
+        try:
+            pq.ParquetFile(path).metadata
+            return True
+        except Exception:
+            return False
+    return gzip_complete(path) if path.name.endswith(".gz") else True
+
+
+def batches(shards_dir: Path):
+    """One manifest batch: a row per downloaded file (the files themselves are WARC bytes)."""
+    rows = [{"file": f.name, "bytes": f.stat().st_size, "complete": _complete(f)}
+            for f in sorted(shards_dir.iterdir()) if not f.name.startswith(".tmp-")]
+    yield "manifest", pd.DataFrame(rows, columns=["file", "bytes", "complete"])

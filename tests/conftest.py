@@ -1,0 +1,65 @@
+"""Shared fixtures. Environment set before Prefect/GX import: no analytics, temp PREFECT_HOME."""
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+from pathlib import Path
+
+import pytest
+
+_PREFECT_HOME = tempfile.mkdtemp(prefix="prefect-home-")
+os.environ["PREFECT_HOME"] = _PREFECT_HOME
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ["DO_NOT_TRACK"] = "1"
+os.environ["DVC_NO_ANALYTICS"] = "1"
+os.environ["GX_ANALYTICS_ENABLED"] = "False"
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.pop("PREFECT_API_URL", None)
+
+REPO = Path(__file__).resolve().parent.parent
+BENCHMARKS = (REPO.parent / "shared" / "benchmarks").resolve()
+
+
+@pytest.fixture(scope="session")
+def benchmarks_dir() -> Path:
+    if not BENCHMARKS.is_dir():
+        pytest.fail(f"{BENCHMARKS} missing: tests need ../shared/benchmarks beside the repo")
+    return BENCHMARKS
+
+
+def small_raw(data_dir: Path, **over) -> dict:
+    raw = {
+        "paths": {"data_dir": str(data_dir), "benchmarks_dir": str(BENCHMARKS)},
+        "sample": {"n_warc_files": 2, "pages_per_warc": 20, "curated_docs_per_dataset": 10},
+        "download": {"n_files": 2, "backoff_s": 0.01},
+        "runner": {"kind": "threads", "max_workers": 2},
+    }
+    for k, v in over.items():
+        raw.setdefault(k, {}).update(v)
+    return raw
+
+
+@pytest.fixture
+def small_params(tmp_path):
+    from tasks.config import parse_params
+
+    return parse_params(small_raw(tmp_path / "data"))
+
+
+@pytest.fixture(scope="session")
+def extracted(tmp_path_factory):
+    """A data dir where sample -> download -> extract already ran (small sample)."""
+    from tasks.config import parse_params
+    from tasks.stages import run_stage
+
+    p = parse_params(small_raw(tmp_path_factory.mktemp("pipeline") / "data"))
+    for s in ("sample", "download", "extract"):
+        run_stage(s, p)
+    return p
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,34 @@
+"""Copy the project (tracked + untracked-not-ignored files) into a fresh git repo for CLI tests."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from tests.conftest import BENCHMARKS, REPO
+
+
+def project_files() -> list[str]:
+    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True,
+                         text=True, check=True).stdout.split("\n")
+    return [f for f in out if f and (REPO / f).is_file()]
+
+
+def copy_project(dest: Path, **params_over) -> Path:
+    for f in project_files():
+        (dest / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / f, dest / f)
+    raw = yaml.safe_load((dest / "params.yaml").read_text())
+    raw["paths"]["benchmarks_dir"] = str(BENCHMARKS)
+    raw["sample"].update(n_warc_files=2, pages_per_warc=20, curated_docs_per_dataset=10)
+    raw["download"]["n_files"] = 2
+    for k, v in params_over.items():
+        raw[k].update(v)
+    (dest / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(["git", "init", "-q"], cwd=dest, check=True)
+    subprocess.run(git + ["add", "-A"], cwd=dest, check=True)
+    subprocess.run(git + ["commit", "-qm", "copy"], cwd=dest, check=True)
+    return dest

@@ -1,0 +1,10 @@
+"""Functions the sandbox tests run in a child process."""
+import time
+
+
+def upper_or_hang(x: str) -> str:
+    if x == "hang":
+        time.sleep(60)
+    if x == "boom":
+        raise ValueError("bad item")
+    return x.upper()

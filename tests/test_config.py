@@ -1,0 +1,60 @@
+"""params.yaml -> typed models: one clear error per bad key, before any work starts."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tasks.config import ConfigError, PipelineParams, load_params, parse_params
+from tests.conftest import REPO
+
+
+def test_repo_params_yaml_is_valid():
+    p = load_params(REPO / "params.yaml")
+    assert isinstance(p, PipelineParams) and p.download.source == "sample"
+
+
+@pytest.mark.parametrize("raw, needle", [
+    ({"download": {"retires": 3}}, "download.retires: unknown key"),
+    ({"extract": {"time_limit_s": "fast"}}, "extract.time_limit_s: Input should be a valid number"),
+    ({"download": {"retries": 50}}, "download.retries: Input should be less than or equal to 20 (got 50)"),
+    ({"download": {"base_url": "ftp://x"}}, "download.base_url: String should match pattern"),
+    ({"runner": {"kind": "gpu"}}, "runner.kind: Input should be 'sequential', 'threads', 'processes' or 'dask'"),
+    ({"sample": {"n_warc_files": 0}}, "sample.n_warc_files: Input should be greater than or equal to 1"),
+    ({"filtr": {}}, "filtr: unknown key"),
+])
+def test_bad_values_name_key_and_expectation(raw, needle):
+    with pytest.raises(ConfigError) as e:
+        parse_params(raw)
+    assert needle in str(e.value)
+
+
+def test_bad_yaml_and_missing_file(tmp_path):
+    (tmp_path / "p.yaml").write_text("download: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_params(tmp_path / "p.yaml")
+    with pytest.raises(ConfigError, match="file not found"):
+        load_params(tmp_path / "nope.yaml")
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_params(tmp_path / "list.yaml")
+
+
+def test_cli_reports_config_error_before_work(tmp_path):
+    (tmp_path / "params.yaml").write_text("extract:\n  extractor: regex\n")
+    out = subprocess.run([sys.executable, "-m", "tasks", "extract"], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 2
+    assert "extract.extractor: Input should be 'resiliparse' or 'trafilatura'" in out.stderr
+    assert not (tmp_path / "data").exists()
+
+
+def test_models_are_flow_parameters():
+    """The Prefect flows take the same models, so the UI renders them as a form."""
+    from prefect.utilities.callables import parameter_schema
+
+    from flows.pipeline import pretraining_pipeline
+
+    schema = parameter_schema(pretraining_pipeline.fn).model_dump()
+    assert "params" in schema["properties"] and "PipelineParams" in str(schema["definitions"])
+    assert "DownloadParams" in schema["definitions"]

@@ -1,0 +1,104 @@
+"""Extraction: main text from real HTML, and every kind of bad input counted under its reason."""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from tasks.config import parse_params
+from tasks.extract import process
+from tasks.sandbox import TIMED_OUT, TimeLimitedWorker
+from tasks.shards import Shard
+from tasks.warc_writer import WarcBuilder, gz, http_response, record_bytes
+from tests.conftest import small_raw
+
+ARTICLE = ("<html><body><nav><a href='/'>Home</a> | <a href='/news'>News</a></nav><main><article>"
+           "<h1>River report</h1><p>The river delta changed slowly over many years while the survey team "
+           "recorded the sediment near the old bridge of the northern valley.</p></article></main>"
+           "<footer>Copyright 2020 Example Media. All rights reserved.</footer></body></html>")
+
+
+def nasty_warc(path: Path) -> None:
+    rng = random.Random(7)
+    w = WarcBuilder(rng)
+    w.warcinfo("nasty.warc.gz")
+    w.page("https://ok.example/1", http_response(ARTICLE.encode()))
+    w.page("https://latin.example/", http_response(ARTICLE.replace("river", "rivière").encode("latin-1"),
+                                                   "text/html; charset=iso-8859-1"))
+    w.page("https://mislabelled.example/", http_response(ARTICLE.replace("river", "café").encode("cp1252")))
+    w.page("https://unknown-charset.example/", http_response(ARTICLE.encode(), "text/html; charset=x-klingon"))
+    w.page("https://empty.example/", http_response(b""))
+    w.page("https://img.example/a.png", http_response(b"\x89PNG....", "image/png"))
+    w.page("https://gone.example/", http_response(b"<html>gone</html>", status="404 Not Found"))
+    w.add("response", "https://nohttp.example/", b"this is not an HTTP response", "application/http; msgtype=response")
+    w.add("revisit", "https://ok.example/1", b"HTTP/1.1 304 Not Modified\r\n\r\n", "application/http; msgtype=response")
+    old = record_bytes("response", "https://old.example/", http_response(ARTICLE.encode()), date="2008-01-01",
+                       rng=rng, content_type="application/http; msgtype=response", version="WARC/0.18")
+    w.parts.append(gz(old))
+    w.parts.append(gz(b"WARC/1.0\r\nWARC-Type: response\r\nContent-Length: lots\r\n\r\nxx\r\n\r\n"))
+    w.parts.append(gz(b"GARBAGE NOT WARC\r\n\r\n"))
+    good_after = gz(record_bytes("response", "https://ok.example/2", http_response(ARTICLE.encode()),
+                                 date="2020", rng=rng, content_type="application/http; msgtype=response"))
+    corrupt = bytearray(gz(record_bytes("response", "https://corrupt.example/", http_response(ARTICLE.encode() * 5),
+                                        date="2020", rng=rng)))
+    corrupt[40:60] = b"\x00" * 20
+    w.parts += [bytes(corrupt), good_after]
+    tail = gz(record_bytes("response", "https://cut.example/", http_response(ARTICLE.encode()), date="2020", rng=rng))
+    path.write_bytes(w.getvalue() + tail[: len(tail) // 2])
+
+
+def test_bad_inputs_are_counted_and_skipped(tmp_path):
+    nasty_warc(tmp_path / "nasty.warc.gz")
+    p = parse_params(small_raw(tmp_path / "data"))
+    st = process(Shard("nasty", (str(tmp_path / "nasty.warc.gz"),), "nasty.parquet"), tmp_path / "out.parquet", p, {})
+    rows = pq.read_table(tmp_path / "out.parquet").to_pylist()
+    urls = [r["url"] for r in rows]
+    assert urls == ["https://ok.example/1", "https://latin.example/", "https://mislabelled.example/",
+                    "https://unknown-charset.example/", "https://ok.example/2"]
+    assert "rivière" in rows[1]["text"] and "café" in rows[2]["text"]
+    assert all("Copyright" not in r["text"] and "Home" not in r["text"] for r in rows)  # boilerplate gone
+    assert st.dropped == {
+        "record_warcinfo": 1, "record_request": 7, "record_metadata": 7, "record_revisit": 1,
+        "empty_body": 1, "not_html": 1, "http_not_200": 1, "malformed_http": 1,
+        "unsupported_warc_version": 1, "malformed_record": 2, "corrupt_gzip": 1, "truncated_gzip": 1,
+    }
+    assert st.extra["encoding_repaired"] == 2
+    assert st.docs_in == st.docs_out + sum(st.dropped.values())
+    assert all(r["lang"] == "en" and r["id"].startswith("common-crawl/nasty/") for r in rows)
+
+
+def test_empty_and_garbage_files_do_not_crash(tmp_path):
+    p = parse_params(small_raw(tmp_path / "data"))
+    for name, data in [("empty.warc.gz", b""), ("junk.warc.gz", b"\x1f\x8b\x08" + b"\xff" * 500),
+                       ("plain.warc", b"not a warc at all")]:
+        (tmp_path / name).write_bytes(data)
+        st = process(Shard(name, (str(tmp_path / name),), "o.parquet"), tmp_path / f"{name}.parquet", p, {})
+        assert st.docs_out == 0 and st.docs_in == sum(st.dropped.values())
+
+
+def test_per_document_time_limit_in_stage(tmp_path):
+    nasty_warc(tmp_path / "n.warc.gz")
+    p = parse_params(small_raw(tmp_path / "data", extract={"time_limit_s": 1e-6}))
+    st = process(Shard("n", (str(tmp_path / "n.warc.gz"),), "n.parquet"), tmp_path / "o.parquet", p, {})
+    assert st.dropped["extract_timeout"] >= 1
+    assert st.docs_in == st.docs_out + sum(st.dropped.values())
+
+
+def test_sandbox_kills_a_hung_item_and_continues():
+    w = TimeLimitedWorker("tests.sandbox_targets:upper_or_hang")
+    try:
+        out = list(w.map(["a", "hang", "b", "boom", "c"], time_limit=1.0))
+    finally:
+        w.close()
+    assert out[0] == (True, "A") and out[1] == (False, TIMED_OUT) and out[2] == (True, "B")
+    assert out[3][0] is False and "bad item" in out[3][1] and out[4] == (True, "C")
+    assert w.restarts == 1
+
+
+def test_trafilatura_option(extracted, tmp_path):
+    p = parse_params(small_raw(tmp_path / "data", extract={"extractor": "trafilatura"}))
+    warc = sorted((Path(extracted.paths.data_dir) / "download/shards").glob("*.warc.gz"))[0]
+    st = process(Shard("t", (str(warc),), "t.parquet"), tmp_path / "t.parquet", p, {})
+    rows = pq.read_table(tmp_path / "t.parquet").to_pylist()
+    assert st.docs_out >= 10 and all("Copyright" not in r["text"] for r in rows)

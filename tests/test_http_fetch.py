@@ -1,0 +1,129 @@
+"""The real download code against a local server on 127.0.0.1 that injects faults."""
+from __future__ import annotations
+
+import gzip
+import time
+
+import pytest
+
+from tasks.http_fetch import (DownloadError, RetryPolicy, UnsafePathError, fetch, gzip_complete,
+                              safe_filename, safe_url)
+from tasks.http_server import StaticHandler, StaticServer
+
+PAYLOAD = b"".join(gzip.compress(f"record {i} ".encode() * 2000, mtime=0) for i in range(20))
+FAST = RetryPolicy(retries=4, backoff_s=0.01, backoff_max_s=0.05, timeout_s=1.0)
+
+
+class FaultHandler(StaticHandler):
+    faults: list[str] = []  # consumed one per request; "ok" when empty
+    log: list[dict] = []
+
+    def send_body(self, data, start, status):
+        fault = self.faults.pop(0) if self.faults else "ok"
+        self.log.append({"range": self.headers.get("Range"), "fault": fault, "status": status})
+        if fault == "500":
+            self.send_error(500)
+        elif fault == "503":
+            self.send_error(503)
+        elif fault == "404":
+            self.send_error(404)
+        elif fault == "slow":
+            time.sleep(1.5)  # longer than the client's timeout
+            super().send_body(data, start, status)
+        elif fault == "drop":  # promise the whole body, send half, hang up
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data) - start))
+            if status == 206:
+                self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+            self.end_headers()
+            self.wfile.write(data[start:start + (len(data) - start) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+        elif fault == "truncated":  # a complete HTTP transfer of an incomplete gzip
+            super().send_body(data[: len(data) - 100], start, 200)
+        elif fault == "ignore_range":
+            super().send_body(data, 0, 200)
+        else:
+            super().send_body(data, start, status)
+
+
+@pytest.fixture
+def server(tmp_path):
+    (tmp_path / "f.warc.gz").write_bytes(PAYLOAD)
+    FaultHandler.faults, FaultHandler.log = [], []
+    with StaticServer(tmp_path, FaultHandler) as url:
+        yield url
+
+
+def test_clean_download(server, tmp_path):
+    rep = fetch(f"{server}/f.warc.gz", tmp_path / "out", FAST)
+    assert (tmp_path / "out").read_bytes() == PAYLOAD and rep.attempts == 1
+
+
+def test_retries_5xx_with_backoff(server, tmp_path):
+    FaultHandler.faults = ["500", "503", "500"]
+    rep = fetch(f"{server}/f.warc.gz", tmp_path / "out", FAST)
+    assert rep.attempts == 4 and (tmp_path / "out").read_bytes() == PAYLOAD
+
+
+def test_dropped_connection_resumes_with_range(server, tmp_path):
+    FaultHandler.faults = ["drop", "drop"]
+    rep = fetch(f"{server}/f.warc.gz", tmp_path / "out", FAST)
+    assert (tmp_path / "out").read_bytes() == PAYLOAD
+    ranges = [e["range"] for e in FaultHandler.log]
+    assert ranges[0] is None and ranges[1].startswith("bytes=") and ranges[2].startswith("bytes=")
+    assert int(ranges[2][6:-1]) > int(ranges[1][6:-1]) > 0
+    assert rep.range_resumes == 2
+
+
+def test_server_ignoring_range_restarts_cleanly(server, tmp_path):
+    FaultHandler.faults = ["drop", "ignore_range"]
+    fetch(f"{server}/f.warc.gz", tmp_path / "out", FAST)
+    assert (tmp_path / "out").read_bytes() == PAYLOAD
+
+
+def test_slow_response_times_out_and_retries(server, tmp_path):
+    FaultHandler.faults = ["slow"]
+    rep = fetch(f"{server}/f.warc.gz", tmp_path / "out", FAST)
+    assert rep.attempts == 2 and (tmp_path / "out").read_bytes() == PAYLOAD
+
+
+def test_truncated_gzip_is_redownloaded(server, tmp_path):
+    FaultHandler.faults = ["truncated"]
+    rep = fetch(f"{server}/f.warc.gz", tmp_path / "out", FAST)
+    assert rep.restarts_truncated_gzip == 1 and gzip_complete(tmp_path / "out")
+
+
+def test_never_complete_is_an_error_and_leaves_nothing(server, tmp_path):
+    FaultHandler.faults = ["truncated"] * 10
+    with pytest.raises(DownloadError, match="after 5 attempts"):
+        fetch(f"{server}/f.warc.gz", tmp_path / "out", FAST)
+    assert not (tmp_path / "out").exists()
+
+
+def test_client_errors_are_not_retried(server, tmp_path):
+    FaultHandler.faults = ["404"]
+    with pytest.raises(DownloadError, match="HTTP 404"):
+        fetch(f"{server}/f.warc.gz", tmp_path / "out", FAST)
+    assert len(FaultHandler.log) == 1
+
+
+@pytest.mark.parametrize("bad", ["../etc/passwd", "/etc/passwd", "a/../../b.warc.gz", "http://evil.com/x.gz",
+                                 "a//b.gz", "a/./b.gz", "a\\..\\b", "a b.gz", "", "x?y=1"])
+def test_unsafe_listed_paths_are_rejected(bad):
+    with pytest.raises(UnsafePathError):
+        safe_url("https://data.commoncrawl.org", bad)
+
+
+def test_only_http_base_urls():
+    with pytest.raises(UnsafePathError):
+        safe_url("file:///etc", "passwd")
+    assert safe_url("https://data.commoncrawl.org/", "crawl-data/CC-MAIN-2020-50/warc.paths.gz") == \
+        "https://data.commoncrawl.org/crawl-data/CC-MAIN-2020-50/warc.paths.gz"
+
+
+def test_file_names_are_sanitised():
+    assert safe_filename("crawl-data/x/CC-MAIN-1.warc.gz") == "CC-MAIN-1.warc.gz"
+    assert safe_filename("a/.hidden;rm -rf $(x).gz") == "hidden_rm_-rf___x_.gz"
+    with pytest.raises(UnsafePathError):
+        safe_filename("a/...")

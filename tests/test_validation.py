@@ -1,0 +1,75 @@
+"""great-expectations suites: pass on real output, fail loudly on a deliberately broken shard."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from tasks.config import parse_params
+from tasks.schema import DOC_SCHEMA
+from tasks.validation import ExpectationFailed, validate_stage
+from tests.conftest import REPO, small_raw
+
+
+def test_real_outputs_pass(extracted):
+    for stage in ("download", "extract"):
+        report = validate_stage(stage, extracted)
+        assert report.success and report.batches >= 1
+    assert (Path(extracted.paths.data_dir) / "docs" / "index.html").is_file()
+
+
+def break_a_shard(data: Path) -> str:
+    shard = sorted((data / "extract/shards").glob("CC-*.parquet"))[0]
+    rows = pq.read_table(shard).to_pylist()
+    rows[1]["id"] = rows[0]["id"]  # a duplicate id
+    rows[2]["lang"] = "English"  # not a language code
+    rows[3]["lang"] = "EN"
+    pq.write_table(pa.Table.from_pylist(rows, schema=DOC_SCHEMA), shard)
+    return shard.name
+
+
+@pytest.fixture
+def broken(extracted, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(extracted.paths.data_dir, data)
+    shutil.rmtree(data / "docs")
+    name = break_a_shard(data)
+    return parse_params(small_raw(data)), name
+
+
+def test_broken_shard_fails_with_named_expectation_column_count(broken):
+    p, name = broken
+    with pytest.raises(ExpectationFailed) as e:
+        validate_stage("extract", p)
+    msg = str(e.value)
+    assert f"expect_column_values_to_be_unique on column 'id': 2 unexpected in shard {name}" in msg
+    assert f"expect_column_values_to_match_regex on column 'lang': 2 unexpected in shard {name}" in msg
+    assert len(e.value.failures) == 2
+    docs = Path(p.paths.data_dir) / "docs"
+    assert (docs / "index.html").is_file()
+    assert list(docs.glob("validations/**/*.html")), "the failing run must be in Data Docs"
+
+
+def test_cli_never_marks_a_truncated_download_complete(broken, tmp_path):
+    p, _ = broken
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(p.model_dump(mode="json")))
+    # re-running extract would recompute the shard; validate the download stage's manifest instead
+    bad = Path(p.paths.data_dir) / "download/shards"
+    warc = sorted(bad.glob("*.warc.gz"))[0]
+    data = warc.read_bytes()
+    marker = Path(p.paths.data_dir) / "download/completions" / f"warc-{warc.name}.json"
+    marker.unlink()  # force the shard to rerun... from a server that now serves a broken file
+    sample_warc = next((Path(p.paths.data_dir) / "sample").rglob(warc.name))
+    sample_warc.chmod(0o644)
+    sample_warc.write_bytes(data[:-50])
+    out = subprocess.run([sys.executable, "-m", "tasks", "download"], cwd=tmp_path, capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": str(tmp_path)})
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "gzip stream is truncated or corrupt" in out.stderr
+    assert not marker.exists(), "a half-downloaded file must never be marked complete"
