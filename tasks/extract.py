@@ -7,11 +7,11 @@ HTML decoding and extraction run in a child process with a per-document time lim
 """
 from __future__ import annotations
 
-import codecs
 from pathlib import Path
 from typing import Iterator
 
 from tasks.config import PipelineParams
+from tasks.html_text import detect_lang
 from tasks.sandbox import TIMED_OUT, worker_for
 from tasks.schema import DocWriter, iter_docs
 from tasks.shards import Shard, ShardStats, StageLayout
@@ -47,45 +47,6 @@ def _charset(content_type: str) -> str | None:
     return None
 
 
-def decode_html(body: bytes, declared: str | None) -> tuple[str, bool]:
-    """Decode with the declared charset; if it is missing, unknown or wrong, detect it."""
-    if declared:
-        try:
-            return body.decode(codecs.lookup(declared).name), False
-        except (LookupError, UnicodeDecodeError):
-            pass
-    try:
-        return body.decode("utf-8"), declared is not None
-    except UnicodeDecodeError:
-        from resiliparse.parse.encoding import bytes_to_str, detect_encoding
-
-        return bytes_to_str(body, detect_encoding(body)), True
-
-
-def extract_one(item: tuple) -> tuple[str, bool]:
-    """Runs in the sandbox child: (body, charset, extractor) -> (main text, encoding repaired)."""
-    body, charset, extractor = item
-    html, repaired = decode_html(body, charset)
-    if extractor == "trafilatura":
-        import trafilatura
-
-        text = trafilatura.extract(html, include_comments=False, include_tables=False) or ""
-    else:
-        from resiliparse.extract.html2text import extract_plain_text
-        from resiliparse.parse.html import HTMLTree
-
-        text = extract_plain_text(HTMLTree.parse(html), main_content=True, alt_texts=False,
-                                  links=False, list_bullets=False)
-    return text.strip(), repaired
-
-
-def detect_lang(text: str, n_chars: int) -> tuple[str, float]:
-    from resiliparse.parse.lang import detect_fast
-
-    lang, score = detect_fast(text[:n_chars])
-    return lang, float(score)
-
-
 def _candidates(path: Path, p: PipelineParams, st: ShardStats, meta: list) -> Iterator[tuple]:
     """Filter WARC records down to HTML bodies worth extracting; count every drop."""
     for i, rec in enumerate(iter_warc(path)):
@@ -116,7 +77,7 @@ def _candidates(path: Path, p: PipelineParams, st: ShardStats, meta: list) -> It
             st.drop("content_encoded")  # CC stores decoded payloads; anything else is unreadable here
         else:
             meta.append((i, rec.headers.get("warc-target-uri", "")))
-            yield body, _charset(headers.get("content-type", "")), p.extract.extractor
+            yield body, _charset(headers.get("content-type", "")), p.extract.extractor, p.extract.lang_chars
 
 
 def _skip_reason(rec: Record) -> str | None:
@@ -132,20 +93,19 @@ def _extract_warc(shard: Shard, tmp: Path, p: PipelineParams) -> ShardStats:
     path = Path(shard.inputs[0])
     crawl = path.name.split("-")[0:4]
     crawl_id = "-".join(crawl) if crawl[:2] == ["CC", "MAIN"] else ""
-    worker = worker_for("tasks.extract:extract_one")
+    worker = worker_for("tasks.html_text:extract_one")
     with DocWriter(tmp) as w:
         for k, (ok, res) in enumerate(worker.map(_candidates(path, p, st, meta), p.extract.time_limit_s)):
             rec_index, url = meta[k]
             if not ok:
                 st.drop("extract_timeout" if res is TIMED_OUT else "extract_error")
                 continue
-            text, repaired = res
+            text, repaired, lang, score = res
             if repaired:
                 st.extra["encoding_repaired"] = st.extra.get("encoding_repaired", 0) + 1
             if len(text) < max(1, p.extract.min_text_chars):
                 st.drop("empty_text")
                 continue
-            lang, score = detect_lang(text, p.extract.lang_chars)
             w.write({"id": f"common-crawl/{shard.name}/{rec_index}", "text": text, "dataset": "common-crawl",
                      "url": url, "crawl": crawl_id, "lang": lang, "lang_score": score})
     st.docs_out, st.bytes_out = w.docs, w.text_bytes

@@ -13,7 +13,6 @@ ground_truth.json records which page is what, so later stages can measure precis
 from __future__ import annotations
 
 import gzip
-import html
 import json
 import random
 import shutil
@@ -23,6 +22,7 @@ import zstandard
 
 from tasks.config import SampleParams
 from tasks.eval_tasks import TASK_NAMES, load_task
+from tasks.sample_html import page_html
 from tasks.sample_text import TOPICS, foreign_paragraphs, paragraphs, perturb, spam_paragraphs
 from tasks.shards import atomic_write_text
 from tasks.warc_writer import WarcBuilder, http_response
@@ -31,22 +31,6 @@ KINDS = (("normal", 0.52), ("exact_dup", 0.07), ("near_dup", 0.10), ("spam", 0.0
          ("non_english", 0.09), ("contaminated", 0.13))
 CURATED = (("Wikipedia (en)", "wikipedia_en.jsonl.zst"), ("StackExchange", "stackexchange.jsonl"))
 SEGMENT = "1606141163411.0"
-
-
-def page_html(rng: random.Random, title: str, paras: list[str], lang: str = "en") -> str:
-    nav = " | ".join(f'<a href="/{w}">{w.title()}</a>' for w in rng.sample(
-        ["home", "news", "about", "contact", "archive", "shop", "login", "help"], 6))
-    related = "".join(f'<li><a href="/p/{rng.randint(1, 9999)}">Related story {rng.randint(1, 99)}</a></li>'
-                      for _ in range(5))
-    body = "".join(f"<p>{html.escape(p)}</p>" for p in paras)
-    return (f'<!DOCTYPE html><html lang="{lang}"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
-            f'<script>var tracking = "{rng.getrandbits(32):08x}";</script></head><body>'
-            f'<header><nav class="menu">{nav}</nav></header>'
-            f'<div class="cookie-banner">We use cookies to improve your experience. Accept all cookies.</div>'
-            f'<aside class="sidebar"><h3>Popular</h3><ul>{related}</ul></aside>'
-            f'<main><article><h1>{html.escape(title)}</h1>{body}</article></main>'
-            f'<footer>Copyright {rng.randint(2001, 2020)} Example Media. All rights reserved. '
-            f'<a href="/privacy">Privacy</a> <a href="/terms">Terms</a></footer></body></html>')
 
 
 def _passages(root: str, rng: random.Random) -> dict[str, list[str]]:

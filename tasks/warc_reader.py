@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import BinaryIO, Iterator
 
 GZIP_MAGIC = b"\x1f\x8b\x08"
-CHUNK = 1 << 20
+CHUNK = 64 << 10  # small reads: zlib copies all input left after a member into unused_data
 MAX_MEMBER = 256 << 20  # a single record larger than this is not a web page
 
 

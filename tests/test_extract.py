@@ -96,6 +96,19 @@ def test_sandbox_kills_a_hung_item_and_continues():
     assert w.restarts == 1
 
 
+def test_a_reused_worker_starts_each_call_with_a_fresh_clock():
+    w = TimeLimitedWorker("tests.sandbox_targets:upper_or_hang")
+    try:
+        assert list(w.map(["a", "b"], time_limit=0.5)) == [(True, "A"), (True, "B")]
+        import time
+
+        time.sleep(0.7)  # longer than the limit: idle time between calls must not count
+        assert list(w.map(["c"], time_limit=0.5)) == [(True, "C")]
+        assert w.restarts == 0
+    finally:
+        w.close()
+
+
 def test_trafilatura_option(extracted, tmp_path):
     p = parse_params(small_raw(tmp_path / "data", extract={"extractor": "trafilatura"}))
     warc = sorted((Path(extracted.paths.data_dir) / "download/shards").glob("*.warc.gz"))[0]

@@ -1,0 +1,96 @@
+"""Extraction overhead: the `extract` stage vs a bare loop over the extraction library.
+
+    python -m benchmarks.extract [--warcs 8] [--pages 400] [--repeats 3]
+
+Generates the sample crawl (bigger than the default so fixed costs are honest but not dominant),
+then times, on the same WARC files:
+  pipeline  run_stage("extract"): WARC parsing, record filtering, charset handling, extraction in
+            the time-limited child process, language ID, Parquet writing, markers, stats.json.
+            Each repeat starts from an empty output folder and a fresh child process.
+  bare      a loop that only calls resiliparse (HTMLTree.parse_from_bytes + extract_plain_text)
+            on the HTML bodies of the same records, already in memory.
+The last line is `extract_overhead_ratio=<pipeline seconds / bare-loop seconds>` (best of interleaved repeats).
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from tasks import sandbox
+from tasks.config import parse_params
+from tasks.extract import HTML_TYPES, _charset
+from tasks.sample import generate
+from tasks.stages import run_stage
+from tasks.warc_reader import Record, iter_warc, parse_http
+
+
+def html_bodies(warcs: list[Path]) -> list[tuple[bytes, str]]:
+    out = []
+    for w in warcs:
+        for rec in iter_warc(w):
+            if isinstance(rec, Record) and rec.type == "response":
+                try:
+                    status, headers, body = parse_http(rec.payload)
+                except ValueError:
+                    continue
+                ctype = headers.get("content-type", "")
+                if status == 200 and ctype.split(";")[0].strip() in HTML_TYPES and body.strip():
+                    out.append((body, _charset(ctype) or "utf-8"))
+    return out
+
+
+def bare_loop(bodies: list[tuple[bytes, str]]) -> float:
+    from resiliparse.extract.html2text import extract_plain_text
+    from resiliparse.parse.html import HTMLTree
+
+    start = time.perf_counter()
+    for body, enc in bodies:
+        extract_plain_text(HTMLTree.parse_from_bytes(body, enc), main_content=True, alt_texts=False,
+                           links=False, list_bullets=False)
+    return time.perf_counter() - start
+
+
+def pipeline(p) -> float:
+    shutil.rmtree(Path(p.paths.data_dir) / "extract", ignore_errors=True)
+    for w in getattr(sandbox._local, "workers", {}).values():  # count the child's start-up every time
+        w.close()
+    start = time.perf_counter()
+    run_stage("extract", p)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--warcs", type=int, default=8)
+    ap.add_argument("--pages", type=int, default=400)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--benchmarks-dir", default="../shared/benchmarks")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "data"
+        p = parse_params({"paths": {"data_dir": str(data), "benchmarks_dir": args.benchmarks_dir},
+                          "sample": {"n_warc_files": args.warcs, "pages_per_warc": args.pages,
+                                     "curated_docs_per_dataset": 1}})
+        generate(p.sample, data / "sample", args.benchmarks_dir)
+        shards = data / "download" / "shards"
+        shards.mkdir(parents=True)
+        warcs = []
+        for w in sorted((data / "sample").rglob("*.warc.gz")):
+            warcs.append(Path(shutil.copy(w, shards / w.name)))
+        bodies = html_bodies(warcs)
+        mb = sum(len(b) for b, _ in bodies) / 1e6
+        bare, pipe = float("inf"), float("inf")
+        for _ in range(args.repeats):  # interleaved, best of each: this VM's timings vary by ±30%
+            bare = min(bare, bare_loop(bodies))
+            pipe = min(pipe, pipeline(p))
+        print(f"records={len(bodies)} html_mb={mb:.1f} warc_files={len(warcs)}")
+        print(f"bare_loop_s={bare:.3f} ({len(bodies) / bare:.0f} docs/s)")
+        print(f"pipeline_s={pipe:.3f} ({len(bodies) / pipe:.0f} docs/s)")
+        print(f"extract_overhead_ratio={pipe / bare:.3f}")
+
+
+if __name__ == "__main__":
+    main()

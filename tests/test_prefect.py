@@ -1,0 +1,119 @@
+"""Prefect against a real `prefect server start` on 127.0.0.1: pipeline runs, artifacts, a
+deployment from prefect.yaml triggered as the UI does, and shards on an existing Dask cluster."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import free_port
+from tests.project_copy import copy_project
+
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    home = tmp_path_factory.mktemp("prefect-server-home")
+    port = free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": api,
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PATH": f"{BIN}:{os.environ['PATH']}"}
+    log = open(home / "server.log", "w")
+    proc = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 180
+        while True:
+            try:
+                urllib.request.urlopen(f"{api}/health", timeout=2).read()
+                break
+            except OSError:
+                if proc.poll() is not None or time.time() > deadline:
+                    pytest.fail("prefect server did not start:\n" + (home / "server.log").read_text()[-3000:])
+                time.sleep(0.5)
+        yield env
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+def api(env: dict, path: str, body: dict | None = None):
+    req = urllib.request.Request(env["PREFECT_API_URL"] + path, method="POST" if body is not None else "GET",
+                                 data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Content-Type": "application/json"})
+    return json.loads(urllib.request.urlopen(req, timeout=30).read())
+
+
+def run(cmd: list[str], cwd: Path, env: dict, timeout: int = 600) -> str:
+    out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    return out.stdout + out.stderr
+
+
+def test_pipeline_against_server_publishes_artifacts(server, tmp_path):
+    repo = copy_project(tmp_path)
+    run([sys.executable, "-m", "flows.pipeline", "params.yaml"], repo, server)
+    runs = api(server, "/flow_runs/filter", {})
+    by_name = {}
+    for r in runs:
+        flow = api(server, f"/flows/{r['flow_id']}")["name"]
+        by_name.setdefault(flow, []).append(r["state_type"])
+    assert by_name["pretraining-pipeline"] == ["COMPLETED"]
+    assert {"stage-sample", "stage-download", "stage-extract"} <= set(by_name)
+    arts = api(server, "/artifacts/filter", {"artifacts": {"key": {"any_": ["download-stats", "extract-stats"]}}})
+    text = {a["key"]: a["data"] for a in arts}
+    assert "| docs out |" in text["extract-stats"] and "Validation **passed**" in text["extract-stats"]
+    assert "Data Docs" in text["download-stats"]
+
+
+def test_deployment_triggered_like_the_ui(server, tmp_path):
+    repo = copy_project(tmp_path)
+    prefect = str(BIN / "prefect")
+    run([prefect, "work-pool", "create", "local-process", "--type", "process", "--overwrite"], repo, server)
+    run([prefect, "--no-prompt", "deploy", "--all"], repo, server)
+    out = run([prefect, "deployment", "run", "pretraining-pipeline/sample"], repo, server)
+    run_id = re.search(r"UUID: ([0-9a-f-]{36})", out).group(1)
+    run([prefect, "worker", "start", "--pool", "local-process", "--run-once"], repo, server)
+    state = api(server, f"/flow_runs/{run_id}")["state_type"]
+    assert state == "COMPLETED"
+    assert (repo / "data/extract/stats.json").is_file()
+
+
+def test_shards_on_an_existing_dask_cluster(server, tmp_path):
+    from distributed import LocalCluster
+    from distributed.diagnostics.plugin import SchedulerPlugin
+
+    class Finished(SchedulerPlugin):
+        keys: list[str] = []
+
+        def transition(self, key, start, finish, *args, **kwargs):
+            if finish == "memory":
+                self.keys.append(str(key))
+
+    repo = copy_project(tmp_path)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
+                      host="127.0.0.1") as cluster:
+        cluster.scheduler.add_plugin(Finished())
+        raw = yaml.safe_load((repo / "params.yaml").read_text())
+        raw["runner"] = {"kind": "dask", "max_workers": 2, "dask_address": cluster.scheduler_address}
+        raw["paths"]["data_dir"] = str(repo / "data")
+        (repo / "params.yaml").write_text(yaml.safe_dump(raw))
+        run([sys.executable, "-m", "flows.pipeline", "params.yaml"], repo, server)
+        shard_keys = [k for k in Finished.keys if "shard" in k]
+        assert len(shard_keys) == 4 + 4, shard_keys  # 2 WARC + 2 curated shards, download and extract
+    stats = json.loads((repo / "data/extract/stats.json").read_text())
+    assert stats["shards"] == 4 and stats["docs_out"] > 0
