@@ -49,6 +49,7 @@ worker: install
 
 bench: install
 	$(PY) -m benchmarks.extract
+	$(PY) -m benchmarks.decontam
 
 clean:
-	rm -rf data/sample data/download data/extract data/docs
+	rm -rf data/sample data/download data/extract data/decontaminate data/docs

@@ -15,8 +15,16 @@ def stats_markdown(stats: dict, report: ValidationReport | None, failure: str | 
             ("resumed shards", stats.get("resumed_shards")), ("seconds", stats.get("wall_seconds"))]
     lines = [f"## Stage `{stage}`", "", "| metric | value |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in rows if v is not None]
-    for k, v in {**stats.get("dropped", {}), **{f"extra: {k}": v for k, v in stats.get("extra", {}).items()}}.items():
-        lines.append(f"| dropped: {k} | {v} |" if not k.startswith("extra: ") else f"| {k} | {v} |")
+    lines += [f"| dropped: {k} | {v} |" for k, v in stats.get("dropped", {}).items()]
+    lines += [f"| {k} | {v} |" for k, v in stats.get("extra", {}).items() if "." not in k]  # per-task rows below
+    if "tasks" in stats:  # decontamination: what each evaluation task's n-grams did
+        cols = ["ngrams", "frequent_ngrams_ignored", "training_docs_matched", "training_docs_split",
+                "training_docs_dropped", "training_chars_removed"]
+        lines += ["", f"Task n-gram index: {stats.get('index_entries')} entries, "
+                      f"{stats.get('index_total_bytes', 0) / 2**20:.1f} MiB", "",
+                  "| task | " + " | ".join(c.replace("training_", "") for c in cols) + " |",
+                  "|---" * (len(cols) + 1) + "|"]
+        lines += [f"| {t} | " + " | ".join(str(row.get(c, "")) for c in cols) + " |" for t, row in stats["tasks"].items()]
     if report is not None:
         status = "passed" if report.success else "FAILED"
         lines += ["", f"Validation **{status}**: {report.expectations} expectations over {report.batches} "

@@ -66,7 +66,14 @@ def extract_flow(params: PipelineParams | None = None, params_file: str = "param
     return run_stage_flow("extract", resolve(params, params_file))
 
 
-STAGE_FLOWS = {"sample": sample_flow, "download": download_flow, "extract": extract_flow}
+@flow(name="stage-decontaminate")
+def decontaminate_flow(params: PipelineParams | None = None, params_file: str = "params.yaml") -> dict:
+    """Remove evaluation-task 13-gram overlaps (GPT-3 App. C): count pass, then removal pass."""
+    return run_stage_flow("decontaminate", resolve(params, params_file))
+
+
+STAGE_FLOWS = {"sample": sample_flow, "download": download_flow, "extract": extract_flow,
+               "decontaminate": decontaminate_flow}
 
 
 def stage_dirs(p: PipelineParams) -> list[Path]:

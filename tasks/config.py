@@ -84,12 +84,39 @@ class ExtractParams(Strict):
     lang_chars: int = Field(5000, ge=100, description="Characters fed to language ID.")
 
 
+TaskName = Literal["lambada", "boolq", "race_h", "piqa", "hellaswag", "winogrande", "anli_r2", "hans", "wic"]
+
+
+class DecontamParams(Strict):
+    """GPT-3 App. C / MT-NLG n-gram decontamination against the evaluation tasks."""
+
+    input_stage: Literal["extract"] = Field("extract", description="Stage whose shards are decontaminated.")
+    tasks: list[TaskName] = Field(
+        default_factory=lambda: ["lambada", "boolq", "race_h", "piqa", "hellaswag", "winogrande",
+                                 "anli_r2", "hans", "wic"], min_length=1)
+    n: int = Field(13, ge=5, le=50, description="N-gram length in words.")
+    min_n: int = Field(8, ge=1, le=50, description="Shorter task texts count whole, down to this length.")
+    max_doc_frequency: int = Field(10, ge=1, description="N-grams in more training docs are ignored.")
+    margin_chars: int = Field(200, ge=0, description="Removed on each side of a match.")
+    min_piece_chars: int = Field(200, ge=0, description="Shorter pieces of a split document are dropped.")
+    max_pieces: int = Field(10, ge=1, description="A document split into more pieces is dropped.")
+    batch_docs: int = Field(1000, ge=1, le=100_000)
+
+    @field_validator("min_n")
+    @classmethod
+    def _min_n_le_n(cls, v: int, info) -> int:
+        if v > info.data.get("n", 13):
+            raise ValueError("min_n must be <= n")
+        return v
+
+
 class PipelineParams(Strict):
     paths: PathsParams = PathsParams()
     runner: RunnerParams = RunnerParams()
     sample: SampleParams = SampleParams()
     download: DownloadParams = DownloadParams()
     extract: ExtractParams = ExtractParams()
+    decontaminate: DecontamParams = DecontamParams()
 
     @field_validator("runner")
     @classmethod

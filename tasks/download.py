@@ -47,7 +47,7 @@ def runtime(p: PipelineParams) -> Iterator[dict]:
         if not (root / "crawl-data").is_dir():
             raise FileNotFoundError(f"{root}: no sample crawl; run the `sample` stage first")
         with StaticServer(root) as url:
-            yield {"base_url": url, "crawl_id": p.sample.crawl_id}
+            yield {"base_url": url, "crawl_id": p.sample.crawl_id, "served_root": str(root)}
     else:
         yield {"base_url": p.download.base_url, "crawl_id": p.download.crawl_id}
 
@@ -70,7 +70,10 @@ def plan(p: PipelineParams, rt: dict, layout: StageLayout) -> list[Shard]:
         if name in names:
             raise UnsafePathError(f"two listed paths map to the same file name {name!r}")
         names.add(name)
-        shards.append(Shard(name=f"warc-{name}", inputs=(rel,), output=name))
+        # In sample mode the served file is local: listing it makes a regenerated sample redo the shard.
+        local = rt.get("served_root")
+        inputs = (rel, str(Path(local) / rel)) if local else (rel,)
+        shards.append(Shard(name=f"warc-{name}", inputs=inputs, output=name))
     sources = [(str(f), None) for f in curated_files(Path(p.paths.data_dir) / "sample")] \
         if p.download.source == "sample" else []
     for c in p.download.curated:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 DOC_SCHEMA = pa.schema(
@@ -55,6 +56,14 @@ class DocWriter:
         if self._n >= self.rows_per_group or self._bytes >= self.bytes_per_group:
             self._flush()
 
+    def write_table(self, table: pa.Table) -> None:
+        """Append Arrow rows as they are (no per-row Python), after any buffered rows."""
+        self._flush()
+        if table.num_rows:
+            self._writer.write_table(table.select(COLUMNS).cast(DOC_SCHEMA))
+            self.docs += table.num_rows
+            self.text_bytes += text_bytes(table)
+
     def _flush(self) -> None:
         if self._n:
             self._writer.write_table(pa.table(self._rows, schema=DOC_SCHEMA))
@@ -70,6 +79,11 @@ class DocWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def text_bytes(table) -> int:
+    """UTF-8 bytes of the `text` column, without materialising Python strings."""
+    return int(pc.sum(pc.binary_length(table.column("text"))).as_py() or 0)
 
 
 def write_docs(path: Path, docs: Iterable[dict]) -> DocWriter:

@@ -125,12 +125,14 @@ def file_sha256(path: Path) -> str:
 
 
 def fingerprint(stage_params: dict, shard: Shard) -> str:
-    """What the output of a shard depends on: the stage parameters and the inputs' sizes."""
-    sizes = []
+    """What the output of a shard depends on: the stage parameters and each local input's size
+    and modification time (a rewritten input redoes the shard; remote inputs count by name)."""
+    seen = []
     for i in shard.inputs:
         p = Path(i)
-        sizes.append(p.stat().st_size if "://" not in i and p.exists() else None)
-    blob = json.dumps([stage_params, shard.inputs, sizes, shard.output], sort_keys=True)
+        st = p.stat() if "://" not in i and p.exists() else None
+        seen.append([st.st_size, st.st_mtime_ns] if st else None)
+    blob = json.dumps([stage_params, shard.inputs, seen, shard.output, shard.tag], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -162,7 +164,8 @@ def run_shard(layout: StageLayout, shard: Shard, fn: ShardFn, stage_params: dict
     return stats
 
 
-def finalize(layout: StageLayout, shards: list[Shard], parts: list[dict], wall_s: float, **extra) -> dict:
+def finalize(layout: StageLayout, shards: list[Shard], parts: list[dict], wall_s: float,
+             report: Callable[[dict], dict] | None = None) -> dict:
     """Drop outputs no longer planned (changed params), then write stats.json."""
     planned = {s.output for s in shards}
     for p in layout.outputs():
@@ -175,6 +178,7 @@ def finalize(layout: StageLayout, shards: list[Shard], parts: list[dict], wall_s
     stats = {"stage": layout.stage, "shards": len(shards), **merge_stats(parts)}
     stats["resumed_shards"] = sum(p.get("resumed", 0) for p in parts)
     stats["wall_seconds"] = round(wall_s, 3)
-    stats.update(extra)
+    if report is not None:  # stage-specific summary computed from the merged totals
+        stats.update(report(stats))
     atomic_write_text(layout.stats, json.dumps(stats, indent=2, sort_keys=True) + "\n")
     return stats

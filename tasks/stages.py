@@ -12,14 +12,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import Callable
 
-from tasks import download, extract
+from tasks import decontaminate, download, extract
 from tasks.config import PipelineParams
 from tasks.sample import generate
 from tasks.shards import Shard, StageLayout, finalize, run_shard
 
 # DAG order. Later stages (filter, dedup, decontaminate, blend, ...) register here.
-PIPELINE: tuple[str, ...] = ("sample", "download", "extract")
-SHARDED: dict[str, ModuleType] = {"download": download, "extract": extract}
+PIPELINE: tuple[str, ...] = ("sample", "download", "extract", "decontaminate")
+SHARDED: dict[str, ModuleType] = {"download": download, "extract": extract, "decontaminate": decontaminate,
+                                  decontaminate.CountPass.NAME: decontaminate.CountPass}
 
 MapShards = Callable[[str, PipelineParams, list[Shard], dict], list[dict]]
 
@@ -27,7 +28,7 @@ MapShards = Callable[[str, PipelineParams, list[Shard], dict], list[dict]]
 def process_shard(stage: str, p: PipelineParams, shard: Shard, rt: dict) -> dict:
     """Run one shard of a stage (picklable: process and Dask workers call this too)."""
     mod = SHARDED[stage]
-    layout = StageLayout(p.paths.data_dir, stage)
+    layout = StageLayout(p.paths.data_dir, getattr(mod, "LAYOUT", stage))
     return run_shard(layout, shard, lambda s, tmp: mod.process(s, tmp, p, rt), mod.stage_params(p))
 
 
@@ -51,5 +52,9 @@ def run_stage(stage: str, p: PipelineParams, map_shards: MapShards = map_sequent
     runtime = getattr(mod, "runtime", None)
     with (runtime(p) if runtime else contextlib.nullcontext({})) as rt:
         shards = mod.plan(p, rt, layout)
+        if hasattr(mod, "first_pass"):  # e.g. decontamination's document-frequency count
+            rt = mod.first_pass(p, rt, layout, shards, map_shards)
         parts = map_shards(stage, p, shards, rt)
-    return finalize(layout, shards, parts, time.perf_counter() - start)
+    report = getattr(mod, "report", None)
+    return finalize(layout, shards, parts, time.perf_counter() - start,
+                    report=(lambda stats: report(rt, stats)) if report else None)

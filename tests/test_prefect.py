@@ -73,11 +73,13 @@ def test_pipeline_against_server_publishes_artifacts(server, tmp_path):
         flow = api(server, f"/flows/{r['flow_id']}")["name"]
         by_name.setdefault(flow, []).append(r["state_type"])
     assert by_name["pretraining-pipeline"] == ["COMPLETED"]
-    assert {"stage-sample", "stage-download", "stage-extract"} <= set(by_name)
-    arts = api(server, "/artifacts/filter", {"artifacts": {"key": {"any_": ["download-stats", "extract-stats"]}}})
+    assert {"stage-sample", "stage-download", "stage-extract", "stage-decontaminate"} <= set(by_name)
+    arts = api(server, "/artifacts/filter",
+               {"artifacts": {"key": {"any_": ["download-stats", "extract-stats", "decontaminate-stats"]}}})
     text = {a["key"]: a["data"] for a in arts}
     assert "| docs out |" in text["extract-stats"] and "Validation **passed**" in text["extract-stats"]
     assert "Data Docs" in text["download-stats"]
+    assert "| lambada |" in text["decontaminate-stats"] and "Task n-gram index" in text["decontaminate-stats"]
 
 
 def test_deployment_triggered_like_the_ui(server, tmp_path):
@@ -114,6 +116,7 @@ def test_shards_on_an_existing_dask_cluster(server, tmp_path):
         (repo / "params.yaml").write_text(yaml.safe_dump(raw))
         run([sys.executable, "-m", "flows.pipeline", "params.yaml"], repo, server)
         shard_keys = [k for k in Finished.keys if "shard" in k]
-        assert len(shard_keys) == 4 + 4, shard_keys  # 2 WARC + 2 curated shards, download and extract
+        # 2 WARC + 2 curated shards through download, extract, the n-gram count pass and removal
+        assert len(shard_keys) == 4 * 4, shard_keys
     stats = json.loads((repo / "data/extract/stats.json").read_text())
     assert stats["shards"] == 4 and stats["docs_out"] > 0

@@ -4,10 +4,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from tasks.config import PipelineParams
-from tasks.validation import documents, download
+from tasks.validation import decontaminate, documents, download
 from tasks.validation.runner import ExpectationFailed, ValidationReport, run_suite
 
-SUITES = {"download": download, "extract": documents}
+SUITES = {"download": download, "extract": documents, "decontaminate": decontaminate}
 
 
 def validate_stage(stage: str, p: PipelineParams, raise_on_failure: bool = True) -> ValidationReport | None:
@@ -15,7 +15,7 @@ def validate_stage(stage: str, p: PipelineParams, raise_on_failure: bool = True)
         return None  # the sample is the test fixture itself; it has no suite
     suite = SUITES[stage]
     data = Path(p.paths.data_dir)
-    return run_suite(stage, suite.expectations(), suite.batches(data / stage / "shards"), data / "docs",
+    return run_suite(stage, suite.expectations(), suite.batches(p, data / stage / "shards"), data / "docs",
                      raise_on_failure)
 
 

@@ -32,7 +32,7 @@ def _complete(path: Path) -> bool:
     return gzip_complete(path) if path.name.endswith(".gz") else True
 
 
-def batches(shards_dir: Path):
+def batches(p, shards_dir: Path):
     """One manifest batch: a row per downloaded file (the files themselves are WARC bytes)."""
     rows = [{"file": f.name, "bytes": f.stat().st_size, "complete": _complete(f)}
             for f in sorted(shards_dir.iterdir()) if not f.name.startswith(".tmp-")]

@@ -1,0 +1,237 @@
+"""A compact, deterministic index of evaluation-task n-grams, and vectorised matching against it.
+
+Normalisation (GPT-3 App. C): lowercase, split on whitespace, remove punctuation (and symbols,
+underscore) from each word; words that become empty vanish. Each word is hashed from its UTF-8
+bytes with numpy (no per-word Python), windows of word hashes are hashed again, and a murmur
+finaliser mixes the result: 64-bit values that are the same in every process.
+
+Index entries: every N-gram of each evaluation text, and for texts of MIN_N..N-1 words the whole
+text as one n-gram (as Megatron's filter does). Short entries are found through their first MIN_N
+words (a second, small table), then confirmed at full length. A bitmap prefilter keeps the sorted
+lookup off the hot path. Memory: 8 bytes per entry + a 2-byte task mask + the bitmap.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import re
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+
+import numpy as np
+
+from tasks.eval_tasks import TaskData
+
+PUNCT = re.compile(r"[^\w\s]|_")
+KEPT_TOKEN = re.compile(r"\S*?[^\W_]\S*")  # exactly the whitespace tokens that survive PUNCT removal
+B = np.uint64(0x9E3779B97F4A7C15)
+M1, M2 = np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53)
+DOC_SEP = "\x01"  # never survives normalisation, so it can mark document boundaries in a batch
+_P = 0x100000001B3  # byte weight base (odd)
+_BLOCK = 1 << 21
+HASH_VERSION = 2  # part of the on-disk index key: change it when any hash above changes
+
+
+# For ASCII text str.translate is ~2x faster than the regex and removes exactly the same chars.
+_ASCII_DROP = {c: None for c in range(128) if PUNCT.match(chr(c))}
+
+
+def normalize(text: str) -> str:
+    t = text.lower()
+    t = t.translate(_ASCII_DROP) if t.isascii() else PUNCT.sub("", t)
+    return " ".join(t.split())
+
+
+def words_of(text: str) -> list[str]:
+    return normalize(text).split()
+
+
+def token_spans(text: str, upto: int | None = None) -> list[tuple[int, int]]:
+    """Character span, in the original text, of each word of words_of(text) (the first `upto`)."""
+    it = KEPT_TOKEN.finditer(text)
+    return [m.span() for m in (it if upto is None else islice(it, upto))]
+
+
+def _fmix(h: np.ndarray) -> np.ndarray:
+    h ^= h >> np.uint64(33)
+    h *= M1
+    h ^= h >> np.uint64(33)
+    h *= M2
+    h ^= h >> np.uint64(33)
+    return h
+
+
+def word_hashes(normalized: str) -> np.ndarray:
+    """64-bit hash of each space-separated word: fmix(sum_k (byte_k + 1) * P**k), k = offset in
+    the word. Computed in bulk: byte k at position i weighs P**i, a word's sum is scaled back by
+    P**-start (P is odd, so invertible mod 2**64), in blocks that end at a space."""
+    if not normalized:
+        return np.empty(0, dtype=np.uint64)
+    b = np.frombuffer(normalized.encode("utf-8"), dtype=np.uint8)
+    space = b == 0x20
+    start = ~space
+    start[1:] &= space[:-1]
+    starts = np.flatnonzero(start)
+    pw, inv = _powers()
+    with np.errstate(over="ignore"):
+        if np.diff(np.append(starts, len(b))).max() > _BLOCK // 2:  # a giant token: per-byte offsets
+            offset = np.arange(len(b)) - starts[np.cumsum(start) - 1]
+            contrib = (b.astype(np.uint64) + np.uint64(1)) * pw[offset & (_BLOCK - 1)]
+            contrib[space] = 0
+            return _fmix(np.add.reduceat(contrib, starts))
+        out, lo = [], 0
+        while lo < len(b):
+            hi = len(b)
+            if hi - lo > _BLOCK:  # end the block at a space in its second half: no word is cut
+                hi = lo + _BLOCK // 2 + int(np.flatnonzero(space[lo + _BLOCK // 2: lo + _BLOCK])[-1])
+            s0, s1 = np.searchsorted(starts, [lo, hi])
+            seg = starts[s0:s1] - lo
+            contrib = (b[lo:hi].astype(np.uint64) + np.uint64(1)) * pw[:hi - lo]
+            contrib[space[lo:hi]] = 0
+            out.append(np.add.reduceat(contrib, seg) * inv[seg])
+            lo = hi
+        return _fmix(np.concatenate(out))
+
+
+@functools.lru_cache(maxsize=1)
+def _powers() -> tuple[np.ndarray, np.ndarray]:
+    """P**i and P**-i mod 2**64 for i < _BLOCK (16 MiB each, built once per process)."""
+    pw = np.full(_BLOCK, _P, dtype=np.uint64)
+    inv = np.full(_BLOCK, pow(_P, -1, 1 << 64), dtype=np.uint64)
+    pw[0] = inv[0] = 1
+    with np.errstate(over="ignore"):
+        return np.cumprod(pw, dtype=np.uint64), np.cumprod(inv, dtype=np.uint64)
+
+
+def window_hashes(h: np.ndarray, length: int) -> np.ndarray:
+    """Hash of every window of `length` word hashes (len(h) - length + 1 of them)."""
+    m = len(h) - length + 1
+    if m <= 0:
+        return np.empty(0, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        acc = np.zeros(m, dtype=np.uint64)
+        for j in range(length):
+            acc = acc * B + h[j:j + m]
+        return _fmix(acc * B + np.uint64(length))
+
+
+@dataclass
+class NgramIndex:
+    n: int
+    min_n: int
+    task_names: list[str]
+    hashes: np.ndarray  # sorted unique uint64: n-grams and whole short texts
+    masks: np.ndarray  # uint16 per hash: bit t set if task t has this n-gram
+    prefixes: np.ndarray  # sorted unique uint64: first min_n words of each short text
+    short_lengths: np.ndarray  # the lengths (min_n..n-1) that short entries have
+    bitmap: np.ndarray  # uint8 bit array over hash values, a prefilter for `hashes`
+    per_task: dict[str, dict[str, int]]
+
+    def __post_init__(self) -> None:
+        self.prefix_bitmap = _bitmap(self.prefixes)
+
+    @classmethod
+    def build(cls, tasks: list[TaskData], n: int = 13, min_n: int = 8) -> "NgramIndex":
+        hashes, owners, prefixes, lengths = [], [], [], set()
+        per_task = {}
+        for t, task in enumerate(tasks):
+            stats = per_task[task.name] = {"texts": 0, "ngrams": 0, "short_texts": 0, "texts_too_short": 0}
+            for text in task.decontam_texts():
+                stats["texts"] += 1
+                w = word_hashes(normalize(text))
+                if len(w) >= n:
+                    h = window_hashes(w, n)
+                elif len(w) >= min_n:
+                    h = window_hashes(w, len(w))
+                    prefixes.append(window_hashes(w[:min_n], min_n))
+                    lengths.add(len(w))
+                    stats["short_texts"] += 1
+                else:
+                    stats["texts_too_short"] += 1
+                    continue
+                hashes.append(h)
+                owners.append(np.full(len(h), 1 << t, dtype=np.uint16))
+        allh = np.concatenate(hashes) if hashes else np.empty(0, np.uint64)
+        allo = np.concatenate(owners) if owners else np.empty(0, np.uint16)
+        order = np.argsort(allh, kind="stable")
+        allh, allo = allh[order], allo[order]
+        uniq, first = np.unique(allh, return_index=True)
+        masks = np.bitwise_or.reduceat(allo, first) if len(allo) else np.empty(0, np.uint16)
+        for t, task in enumerate(tasks):
+            per_task[task.name]["ngrams"] = int(np.count_nonzero(masks & (1 << t)))
+        pref = np.unique(np.concatenate(prefixes)) if prefixes else np.empty(0, np.uint64)
+        return cls(n, min_n, [t.name for t in tasks], uniq, masks, pref,
+                   np.array(sorted(lengths), dtype=np.int64), _bitmap(uniq), per_task)
+
+    def nbytes(self) -> dict[str, int]:
+        return {"hashes": self.hashes.nbytes, "task_masks": self.masks.nbytes,
+                "prefixes": self.prefixes.nbytes, "bitmap": self.bitmap.nbytes}
+
+    def save(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in ("hashes", "masks", "prefixes"):
+            np.save(folder / f"{name}.npy", getattr(self, name))
+        meta = {"n": self.n, "min_n": self.min_n, "task_names": self.task_names,
+                "short_lengths": self.short_lengths.tolist(), "per_task": self.per_task}
+        (folder / "meta.json").write_text(json.dumps(meta))
+
+    @classmethod
+    def load(cls, folder: Path) -> "NgramIndex":
+        meta = json.loads((folder / "meta.json").read_text())
+        hashes = np.load(folder / "hashes.npy")
+        return cls(meta["n"], meta["min_n"], meta["task_names"], hashes, np.load(folder / "masks.npy"),
+                   np.load(folder / "prefixes.npy"), np.array(meta["short_lengths"], dtype=np.int64),
+                   _bitmap(hashes), meta["per_task"])
+
+    def _lookup(self, h: np.ndarray) -> np.ndarray:
+        """Entry position of each hash, or -1."""
+        out = np.full(len(h), -1, dtype=np.int64)
+        if not len(h) or not len(self.hashes):
+            return out
+        cand = np.flatnonzero(_maybe_in(self.bitmap, h))
+        if len(cand):
+            pos = np.minimum(np.searchsorted(self.hashes, h[cand]), len(self.hashes) - 1)
+            ok = self.hashes[pos] == h[cand]
+            out[cand[ok]] = pos[ok]
+        return out
+
+    def matches(self, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(first word, length, entry) arrays for every window of word hashes `w` in the index."""
+        firsts, lens, entries = [], [], []
+        entry = self._lookup(window_hashes(w, self.n))
+        hit = np.flatnonzero(entry >= 0)
+        firsts.append(hit), lens.append(np.full(len(hit), self.n)), entries.append(entry[hit])
+        if len(self.prefixes) and len(w) >= self.min_n:
+            p = window_hashes(w, self.min_n)
+            cand = np.flatnonzero(_maybe_in(self.prefix_bitmap, p))
+            pos = np.minimum(np.searchsorted(self.prefixes, p[cand]), len(self.prefixes) - 1)
+            cand = cand[self.prefixes[pos] == p[cand]]
+            for length in self.short_lengths.tolist():  # confirm candidates at each short length
+                c = cand[cand + length <= len(w)]
+                if not len(c):
+                    continue
+                with np.errstate(over="ignore"):
+                    acc = np.zeros(len(c), dtype=np.uint64)
+                    for j in range(length):
+                        acc = acc * B + w[c + j]
+                    e = self._lookup(_fmix(acc * B + np.uint64(length)))
+                ok = e >= 0
+                firsts.append(c[ok]), lens.append(np.full(int(ok.sum()), length)), entries.append(e[ok])
+        return np.concatenate(firsts), np.concatenate(lens), np.concatenate(entries)
+
+
+def _maybe_in(bitmap: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """Bitmap test: False means certainly absent."""
+    byte = bitmap[(h >> np.uint64(3)) & np.uint64(len(bitmap) - 1)]
+    return ((byte >> (h & np.uint64(7)).astype(np.uint8)) & 1).astype(bool)
+
+
+def _bitmap(hashes: np.ndarray) -> np.ndarray:
+    """Bit array with >= 16 bits per entry (false-positive rate < 7%), at least 1 MiB."""
+    bits = 1 << max(23, int(np.ceil(np.log2(max(1, len(hashes)) * 16))))
+    bm = np.zeros(bits // 8, dtype=np.uint8)
+    if len(hashes):
+        np.bitwise_or.at(bm, ((hashes >> np.uint64(3)) & np.uint64(len(bm) - 1)).astype(np.int64),
+                         (np.uint8(1) << (hashes & np.uint64(7)).astype(np.uint8)))
+    return bm

@@ -1,0 +1,188 @@
+"""Decontamination: GPT-3 App. C behaviour on small hand-built corpora, and the real nine tasks."""
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+import tasks.ngram_index as ni
+from tasks.config import ConfigError, parse_params
+from tasks.eval_tasks import TaskFileError
+from tasks.schema import write_docs
+from tasks.stages import run_stage
+from tasks.validation import ExpectationFailed, validate_stage
+
+PASSAGE = ("the lighthouse keeper counted every ship that passed the rocky northern cape during the "
+           "long winter storms of that year")  # 20 words: 8 thirteen-grams
+SHORT = "Which river did the old ferry cross at dawn"  # 9 words: whole-length entry
+TOO_SHORT = "The president advised the judges"  # 5 words: never an entry
+FILLER = ("Farmers in the valley planted barley and oats after the rains, and the market in town "
+          "sold bread, cheese and apples every Saturday morning. ")
+
+
+@pytest.fixture
+def bench(tmp_path) -> Path:
+    """A tiny benchmarks folder: LAMBADA and HANS files in their official formats (with a BOM)."""
+    root = tmp_path / "bench"
+    (root / "lambada").mkdir(parents=True)
+    (root / "lambada/lambada_test.jsonl").write_text(
+        "\ufeff" + json.dumps({"text": PASSAGE}) + "\n\n" + json.dumps({"text": "a b c d e f g h i j k l m n"}) + "\n")
+    (root / "hans").mkdir()
+    header = "gold_label\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\tsentence2_parse\t" \
+             "sentence1\tsentence2\tpairID\theuristic\tsubcase\ttemplate\n"
+    (root / "hans/heuristics_evaluation_set.txt").write_text(
+        header + f"entailment\t\t\t\t\t{SHORT}\t{TOO_SHORT}\tex0\tlexical_overlap\t\t\n")
+    return root
+
+
+def run(tmp_path: Path, bench: Path, docs: list[dict], **over) -> tuple[dict, dict[str, list[str]]]:
+    data = tmp_path / "data"
+    shutil.rmtree(data, ignore_errors=True)
+    (data / "extract/shards").mkdir(parents=True)
+    write_docs(data / "extract/shards/s0.parquet", docs)
+    p = parse_params({"paths": {"data_dir": str(data), "benchmarks_dir": str(bench)},
+                      "decontaminate": {"tasks": ["lambada", "hans"], **over}})
+    stats = run_stage("decontaminate", p)
+    validate_stage("decontaminate", p)
+    out: dict[str, list[str]] = {}
+    for row in pq.read_table(data / "decontaminate/shards/s0.parquet").to_pylist():
+        out.setdefault(row["id"].split("#")[0], []).append(row["text"])
+    return stats, out
+
+
+def doc(i, text: str) -> dict:
+    return {"id": f"d{i}", "text": text, "dataset": "t", "url": "", "crawl": "", "lang": "en", "lang_score": 0.0}
+
+
+def test_match_is_cut_with_margins_and_document_split(tmp_path, bench):
+    before, after = FILLER * 4, FILLER * 5
+    text = before + PASSAGE.upper().replace(" the ", " \u201cthe\u201d ") + ". " + after  # case + typographic quotes
+    stats, out = run(tmp_path, bench, [doc(0, text), doc(1, FILLER * 3)])
+    pieces = out["d0"]
+    assert len(pieces) == 2 and "lighthouse" not in " ".join(pieces).lower()
+    assert text.startswith(pieces[0]) and text.rstrip().endswith(pieces[1])
+    removed = len(text) - sum(len(x) for x in pieces)
+    assert len(PASSAGE) + 2 * 200 <= removed <= len(PASSAGE) + 2 * 200 + 60  # margins widened to whole words
+    assert out["d1"] == [FILLER * 3]
+    assert stats["tasks"]["lambada"]["training_docs_split"] == 1 and stats["extra"]["pieces_written"] == 2
+    assert stats["index_total_bytes"] > 0 and stats["tasks"]["lambada"]["ngrams"] == 8 + 2
+
+
+def test_short_pieces_and_too_many_pieces_are_dropped(tmp_path, bench):
+    tiny = "Short intro. " + PASSAGE + " short outro."
+    many = (FILLER * 3 + PASSAGE + ". ") * 12 + FILLER * 3  # 13 pieces > 10
+    stats, out = run(tmp_path, bench, [doc(0, tiny), doc(1, many)], max_doc_frequency=100)
+    assert "d0" not in out and "d1" not in out
+    assert stats["dropped"] == {"no_piece_long_enough": 1, "too_many_pieces": 1}
+
+
+def test_frequent_ngrams_are_ignored(tmp_path, bench):
+    docs = [doc(i, FILLER * 3 + PASSAGE + " " + FILLER * 3) for i in range(11)]
+    stats, out = run(tmp_path, bench, docs)  # in 11 documents: too common to mean contamination
+    assert all(out[f"d{i}"] == [docs[i]["text"]] for i in range(11))
+    assert stats["frequent_ngrams_ignored"] == 8 and stats["tasks"]["lambada"]["frequent_ngrams_ignored"] == 8
+    stats, out = run(tmp_path, bench, docs[:10])  # in 10: still contamination
+    assert all(len(out[f"d{i}"]) == 2 for i in range(10))
+
+
+def test_short_task_texts_match_whole_down_to_min_n(tmp_path, bench):
+    stats, out = run(tmp_path, bench, [doc(0, FILLER * 3 + SHORT + "? " + FILLER * 3),
+                                       doc(1, FILLER * 3 + TOO_SHORT + ". " + FILLER * 3),
+                                       doc(2, FILLER * 3 + " ".join(SHORT.split()[:8]) + " " + FILLER * 3)])
+    assert len(out["d0"]) == 2 and "ferry" not in " ".join(out["d0"])
+    assert out["d1"] == [FILLER * 3 + TOO_SHORT + ". " + FILLER * 3]  # 5-word texts are not entries
+    assert len(out["d2"]) == 1  # only the first 8 words of a 9-word text: no match
+    assert stats["tasks"]["hans"]["texts_too_short"] == 1 and stats["tasks"]["hans"]["short_texts"] == 1
+
+
+@pytest.mark.parametrize("text", ["", "!!! ... ??? — «» …", "one two three", "\u00a0\u2003 \t\n",
+                                  "混合 scripts Кириллица ελληνικά 日本語のテキスト"])
+def test_short_and_odd_documents_pass_unchanged(tmp_path, bench, text):
+    _, out = run(tmp_path, bench, [doc(0, text or "x")][:1] if text else [doc(0, "x")])
+    assert out["d0"] == [text or "x"]
+
+
+def test_mixed_scripts_are_matched_as_words(tmp_path, bench):
+    cyr = "старый смотритель маяка считал каждый корабль который проходил мимо северного мыса зимой в шторм"
+    (bench / "lambada/lambada_test.jsonl").write_text(json.dumps({"text": cyr}) + "\n")
+    _, out = run(tmp_path, bench, [doc(0, FILLER * 3 + cyr.upper().replace(" ", " — ", 1) + " " + FILLER * 3)])
+    assert len(out["d0"]) == 2 and "маяка" not in " ".join(out["d0"]).lower()
+
+
+def test_missing_task_file_is_a_clear_error(tmp_path, bench):
+    (bench / "hans/heuristics_evaluation_set.txt").unlink()
+    with pytest.raises(TaskFileError, match=r"task 'hans': file not found .*heuristics_evaluation_set.txt"):
+        run(tmp_path, bench, [doc(0, FILLER)])
+
+
+def test_bad_parameters(tmp_path):
+    with pytest.raises(ConfigError, match="decontaminate.min_n: Value error, min_n must be <= n"):
+        parse_params({"decontaminate": {"n": 10, "min_n": 12}})
+    with pytest.raises(ConfigError, match="decontaminate.tasks.0: Input should be 'lambada'"):
+        parse_params({"decontaminate": {"tasks": ["squad"]}})
+
+
+def test_word_hash_matches_reference_across_blocks_and_giant_tokens():
+    mask = (1 << 64) - 1
+
+    def ref(word: str) -> int:
+        h = 0
+        for k, byte in enumerate(word.encode()):
+            h = (h + (byte + 1) * pow(ni._P, k % ni._BLOCK, 1 << 64)) & mask
+        return int(ni._fmix(np.array([h], dtype=np.uint64))[0])
+
+    rng = random.Random(0)
+    vocab = ["a", "é", "日本", "hello", "x" * 300]
+    text = " ".join(rng.choice(vocab) for _ in range(900_000))  # > one 2 MiB block
+    h, words = ni.word_hashes(text), text.split()
+    assert len(text.encode()) > ni._BLOCK and len(h) == len(words)
+    assert all(h[i] == ref(words[i]) for i in rng.sample(range(len(words)), 300))
+    giant = ni.word_hashes("word " + "g" * ni._BLOCK + " tail")
+    assert giant[0] == ref("word") and giant[-1] == ref("tail")
+
+
+def test_tokens_and_spans_agree_on_nasty_text():
+    rng = random.Random(0)
+    alphabet = "ab,._-—«» \t\n\u00a0éÉ1İﬁΣ"
+    for s in ["Hello, world!", "a_b __ _ x", "ΟΔΟΣ. Σ", "—", ""] + \
+             ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40))) for _ in range(2000)]:
+        spans = ni.token_spans(s)
+        assert [ni.normalize(s[a:b]) for a, b in spans] == ni.words_of(s)
+
+
+def test_real_tasks_on_the_sample_remove_every_planted_passage(extracted, tmp_path):
+    p = parse_params({**extracted.model_dump(mode="json"),
+                      "paths": {"data_dir": str(tmp_path / "data"), "benchmarks_dir": extracted.paths.benchmarks_dir}})
+    shutil.copytree(Path(extracted.paths.data_dir), tmp_path / "data")
+    stats = run_stage("decontaminate", p)
+    assert validate_stage("decontaminate", p).success
+    assert set(stats["tasks"]) == {"lambada", "boolq", "race_h", "piqa", "hellaswag", "winogrande", "anli_r2",
+                                   "hans", "wic"}
+    assert stats["index_entries"] > 1_000_000 and stats["index_total_bytes"] < 64 << 20
+    truth = json.loads((tmp_path / "data/sample/ground_truth.json").read_text())["documents"]
+    out_text = " ".join(ni.words_of(" ".join(
+        r["text"] for f in sorted((tmp_path / "data/decontaminate/shards").glob("*.parquet"))
+        for r in pq.read_table(f, columns=["text"]).to_pylist())))
+    planted = [d for d in truth if d["kind"] == "contaminated"]
+    assert planted and not any(" ".join(ni.words_of(d["passage"])) in out_text for d in planted)
+    assert stats["extra"]["docs_matched"] >= len(planted)
+
+    # resume: lose one output shard, rerun -> only it is redone, bytes identical
+    shards = sorted((tmp_path / "data/decontaminate/shards").glob("*.parquet"))
+    before = {f.name: f.read_bytes() for f in shards}
+    shards[0].unlink()
+    again = run_stage("decontaminate", p)
+    assert again["resumed_shards"] == again["shards"] - 1
+    assert {f.name: f.read_bytes() for f in shards} == before
+
+    # a deliberately re-contaminated output fails the re-scan expectation
+    rows = pq.read_table(shards[0]).to_pylist()
+    rows[0]["text"] += " " + planted[0]["passage"]
+    write_docs(shards[0], rows)
+    with pytest.raises(ExpectationFailed, match=r"expect_column_values_to_be_between on column 'task_ngram_hits': 1 unexpected"):
+        validate_stage("decontaminate", p)
