@@ -19,9 +19,9 @@ import numpy as np
 
 from tasks.config import PipelineParams
 from tasks.eval_tasks import load_tasks
-from tasks.ngram_index import DOC_SEP, HASH_VERSION, NgramIndex, normalize, token_spans, word_hashes
 import pyarrow as pa
 
+from tasks.ngram_index import DOC_SEP, HASH_VERSION, NgramIndex, normalize, token_spans, word_hashes
 from tasks.schema import DOC_SCHEMA, DocWriter, iter_batches, text_bytes
 from tasks.shards import Shard, ShardStats, StageLayout, atomic_path, atomic_write_text
 
@@ -37,17 +37,19 @@ def plan(p: PipelineParams, rt: dict, layout: StageLayout) -> list[Shard]:
     if not src.is_dir():
         raise FileNotFoundError(f"{src}: no input; run the `{p.decontaminate.input_stage}` stage first")
     root = StageLayout(p.paths.data_dir, NAME).root
-    # pass 2 of a shard depends on its pass-1 counts and on the corpus-wide frequent list too
-    return [Shard(f.stem, (str(f), str(root / "count" / "shards" / f"{f.stem}.npz"), str(root / "frequent.npy")),
-                  f.name) for f in sorted(src.glob("*.parquet"))]
+    # Pass 2 of a shard also depends on the task index (its key.json is rewritten only when the
+    # index is), its pass-1 counts, and the corpus-wide frequent list.
+    key, counts, frequent = root / "index" / "key.json", root / "count" / "shards", root / "frequent.npy"
+    return [Shard(f.stem, (str(f), str(key), str(counts / f"{f.stem}.npz"), str(frequent)), f.name)
+            for f in sorted(src.glob("*.parquet"))]
 
 
 # ---- the task index, built once per stage run and loaded by every worker ------------------------
 
 def _task_files_fingerprint(p: PipelineParams) -> list:
     root = Path(p.paths.benchmarks_dir)
-    return sorted((str(f.relative_to(root)), f.stat().st_size) for f in root.rglob("*") if f.is_file()) \
-        if root.is_dir() else []
+    return sorted((str(f.relative_to(root)), f.stat().st_size, f.stat().st_mtime_ns)
+                  for f in root.rglob("*") if f.is_file()) if root.is_dir() else []
 
 
 def ensure_index(p: PipelineParams, layout: StageLayout) -> Path:
@@ -57,6 +59,7 @@ def ensure_index(p: PipelineParams, layout: StageLayout) -> Path:
     if (folder / "key.json").exists() and (folder / "key.json").read_text() == key:
         return folder
     index = NgramIndex.build(load_tasks(d.tasks, p.paths.benchmarks_dir), d.n, d.min_n)
+    (folder / "key.json").unlink(missing_ok=True)  # a kill while saving must not leave a valid key
     index.save(folder)
     atomic_write_text(folder / "key.json", key)
     return folder
@@ -140,7 +143,7 @@ def first_pass(p: PipelineParams, rt: dict, layout: StageLayout, shards: list[Sh
     rt = {**rt, "index_dir": str(ensure_index(p, layout))}
     count_layout = StageLayout(p.paths.data_dir, CountPass.LAYOUT)
     count_layout.prepare()
-    count_shards = [Shard(s.name, s.inputs[:1], f"{s.name}.npz") for s in shards]
+    count_shards = [Shard(s.name, s.inputs[:2], f"{s.name}.npz") for s in shards]  # documents + index key
     map_shards(CountPass.NAME, p, count_shards, rt)
     index = index_for(rt)
     docs = np.zeros(len(index.hashes), dtype=np.int64)
@@ -185,8 +188,10 @@ def cut_ranges(text: str, hits: list[tuple[int, int, int]], margin: int) -> list
 
 
 def split_document(text: str, ranges: list[tuple[int, int]]) -> list[str]:
+    """The non-empty text between the removed ranges."""
     edges = [0] + [x for r in ranges for x in r] + [len(text)]
-    return [text[edges[i]:edges[i + 1]].strip() for i in range(0, len(edges), 2)]
+    pieces = (text[edges[i]:edges[i + 1]].strip() for i in range(0, len(edges), 2))
+    return [x for x in pieces if x]
 
 
 def process(shard: Shard, tmp: Path, p: PipelineParams, rt: dict) -> ShardStats:

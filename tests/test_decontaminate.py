@@ -100,11 +100,26 @@ def test_short_task_texts_match_whole_down_to_min_n(tmp_path, bench):
     assert stats["tasks"]["hans"]["texts_too_short"] == 1 and stats["tasks"]["hans"]["short_texts"] == 1
 
 
-@pytest.mark.parametrize("text", ["", "!!! ... ??? — «» …", "one two three", "\u00a0\u2003 \t\n",
+@pytest.mark.parametrize("text", ["x", "!!! ... ??? — «» …", "one two three", "\u00a0\u2003 \t\n",
                                   "混合 scripts Кириллица ελληνικά 日本語のテキスト"])
 def test_short_and_odd_documents_pass_unchanged(tmp_path, bench, text):
-    _, out = run(tmp_path, bench, [doc(0, text or "x")][:1] if text else [doc(0, "x")])
-    assert out["d0"] == [text or "x"]
+    _, out = run(tmp_path, bench, [doc(0, text)])
+    assert out["d0"] == [text]
+
+
+def test_changed_task_files_rebuild_the_index_and_redo_both_passes(tmp_path, bench):
+    docs = [doc(0, FILLER * 3 + SHORT + " " + FILLER * 3)]
+    data = tmp_path / "data"
+    (data / "extract/shards").mkdir(parents=True)
+    write_docs(data / "extract/shards/s0.parquet", docs)
+    p = parse_params({"paths": {"data_dir": str(data), "benchmarks_dir": str(bench)},
+                      "decontaminate": {"tasks": ["lambada", "hans"]}})
+    assert run_stage("decontaminate", p)["extra"]["docs_matched"] == 1
+    assert run_stage("decontaminate", p)["resumed_shards"] == 1
+    (bench / "hans/heuristics_evaluation_set.txt").write_text(
+        (bench / "hans/heuristics_evaluation_set.txt").read_text().replace(SHORT, "An unrelated sentence of ten words about the weather"))
+    again = run_stage("decontaminate", p)
+    assert again["resumed_shards"] == 0 and again["extra"]["docs_matched"] == 0
 
 
 def test_mixed_scripts_are_matched_as_words(tmp_path, bench):
