@@ -90,12 +90,12 @@ def frequent_entries(rt: dict) -> np.ndarray:
 def batch_hits(index: NgramIndex, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(document, first word, length, entry) of every match in a batch. The documents are joined
     with a separator word so one vectorised pass covers the batch and no window spans two."""
-    norms = [normalize(t) for t in texts]
-    counts = np.array([x.count(" ") + 1 if x else 0 for x in norms], dtype=np.int64)
-    starts = np.concatenate(([0], np.cumsum(counts + 1)[:-1]))
-    first, length, entry = index.matches(word_hashes(f" {DOC_SEP} ".join(norms)))
+    h, first_byte = word_hashes(f" {DOC_SEP} ".join(normalize(t) for t in texts), first_bytes=True)
+    sep = np.flatnonzero(first_byte == ord(DOC_SEP))  # normalisation removed any \x01 in the texts
+    starts, ends = np.concatenate(([0], sep + 1)), np.concatenate((sep, [len(h)]))
+    first, length, entry = index.matches(h)
     doc = np.searchsorted(starts, first, side="right") - 1
-    inside = first + length <= starts[doc] + counts[doc]  # windows touching a separator are not hits
+    inside = first + length <= ends[doc]  # windows touching a separator are not hits
     return doc[inside], (first - starts[doc])[inside], length[inside], entry[inside]
 
 

@@ -37,10 +37,18 @@ HASH_VERSION = 2  # part of the on-disk index key: change it when any hash above
 _ASCII_DROP = {c: None for c in range(128) if PUNCT.match(chr(c))}
 
 
+_WHITESPACE_BYTES = np.zeros(256, dtype=bool)  # str.isspace() for ASCII: \t\n\v\f\r, \x1c-\x1f, space
+_WHITESPACE_BYTES[[9, 10, 11, 12, 13, 28, 29, 30, 31, 32]] = True
+
+
 def normalize(text: str) -> str:
+    """Lowercased, punctuation removed. Words are separated by ASCII whitespace (any amount, as
+    word_hashes splits on it); non-ASCII text is re-joined with single spaces because its
+    whitespace may be multi-byte (no-break space, em space, ...)."""
     t = text.lower()
-    t = t.translate(_ASCII_DROP) if t.isascii() else PUNCT.sub("", t)
-    return " ".join(t.split())
+    if t.isascii():
+        return t.translate(_ASCII_DROP)
+    return " ".join(PUNCT.sub("", t).split())
 
 
 def words_of(text: str) -> list[str]:
@@ -62,21 +70,34 @@ def _fmix(h: np.ndarray) -> np.ndarray:
     return h
 
 
-def word_hashes(normalized: str) -> np.ndarray:
-    """64-bit hash of each space-separated word: fmix(sum_k (byte_k + 1) * P**k), k = offset in
-    the word. Computed in bulk: byte k at position i weighs P**i, a word's sum is scaled back by
-    P**-start (P is odd, so invertible mod 2**64), in blocks that end at a space."""
-    if not normalized:
-        return np.empty(0, dtype=np.uint64)
+def word_hashes(normalized: str, first_bytes: bool = False):
+    """64-bit hash of each whitespace-separated word: fmix(sum_k (byte_k + 1) * P**k), k = offset
+    in the word. Computed in bulk: byte k at position i weighs P**i, a word's sum is scaled back by
+    P**-start (P is odd, so invertible mod 2**64), in blocks that end at whitespace. With
+    `first_bytes`, also each word's first byte (to find separator tokens)."""
     b = np.frombuffer(normalized.encode("utf-8"), dtype=np.uint8)
-    space = b == 0x20
+    space = _WHITESPACE_BYTES[b]
+    if space.all():
+        empty = np.empty(0, dtype=np.uint64)
+        return (empty, np.empty(0, dtype=np.uint8)) if first_bytes else empty
+    h = _hash_words(b, space)
+    return (h, b[_word_starts(space)]) if first_bytes else h
+
+
+def _word_starts(space: np.ndarray) -> np.ndarray:
     start = ~space
     start[1:] &= space[:-1]
-    starts = np.flatnonzero(start)
+    return np.flatnonzero(start)
+
+
+def _hash_words(b: np.ndarray, space: np.ndarray) -> np.ndarray:
+    starts = _word_starts(space)
     pw, inv = _powers()
     with np.errstate(over="ignore"):
         if np.diff(np.append(starts, len(b))).max() > _BLOCK // 2:  # a giant token: per-byte offsets
-            offset = np.arange(len(b)) - starts[np.cumsum(start) - 1]
+            is_start = np.zeros(len(b), dtype=bool)
+            is_start[starts] = True
+            offset = np.arange(len(b)) - starts[np.cumsum(is_start) - 1]
             contrib = (b.astype(np.uint64) + np.uint64(1)) * pw[offset & (_BLOCK - 1)]
             contrib[space] = 0
             return _fmix(np.add.reduceat(contrib, starts))

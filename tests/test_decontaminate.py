@@ -163,11 +163,13 @@ def test_word_hash_matches_reference_across_blocks_and_giant_tokens():
 
 def test_tokens_and_spans_agree_on_nasty_text():
     rng = random.Random(0)
-    alphabet = "ab,._-—«» \t\n\u00a0éÉ1İﬁΣ"
-    for s in ["Hello, world!", "a_b __ _ x", "ΟΔΟΣ. Σ", "—", ""] + \
+    alphabet = "ab,._-—«» \t\n\x0b\x1c\x1f\u00a0éÉ1İﬁΣ"
+    for s in ["Hello, world!", "a_b __ _ x", "ΟΔΟΣ. Σ", "—", "", "a\x1cb\tc  d"] + \
              ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40))) for _ in range(2000)]:
         spans = ni.token_spans(s)
         assert [ni.normalize(s[a:b]) for a, b in spans] == ni.words_of(s)
+        # ASCII text keeps its whitespace for word_hashes to split on: same words, same hashes
+        assert ni.word_hashes(ni.normalize(s)).tolist() == ni.word_hashes(" ".join(ni.words_of(s))).tolist()
 
 
 def test_real_tasks_on_the_sample_remove_every_planted_passage(extracted, tmp_path):
