@@ -4,7 +4,6 @@ its stats land as an artifact. Parameters are the typed models from params.yaml.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -74,7 +73,3 @@ def decontaminate_flow(params: PipelineParams | None = None, params_file: str = 
 
 STAGE_FLOWS = {"sample": sample_flow, "download": download_flow, "extract": extract_flow,
                "decontaminate": decontaminate_flow}
-
-
-def stage_dirs(p: PipelineParams) -> list[Path]:
-    return [Path(p.paths.data_dir) / s for s in STAGE_FLOWS]

@@ -25,7 +25,7 @@ def expectations() -> list:
 def _complete(path: Path) -> bool:
     if path.suffix == ".parquet":
         try:
-            pq.ParquetFile(path).metadata
+            pq.read_metadata(path)  # raises on a missing or corrupt footer
             return True
         except Exception:
             return False

@@ -10,7 +10,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import pandas as pd
 
@@ -79,6 +79,3 @@ def run_suite(stage: str, expectations: list, batches: Iterator[tuple[str, pd.Da
     if report.failures and raise_on_failure:
         raise ExpectationFailed(stage, report.failures, report.docs)
     return report
-
-
-SuiteBuilder = Callable[..., tuple[list, Iterator[tuple[str, pd.DataFrame]]]]
