@@ -21,8 +21,13 @@ NAME = "extract"
 HTML_TYPES = ("text/html", "application/xhtml+xml")
 
 
+def crawl_id(p: PipelineParams) -> str:
+    """The snapshot the WARCs came from (real CC file names carry timestamps, not the crawl id)."""
+    return p.sample.crawl_id if p.download.source == "sample" else p.download.crawl_id
+
+
 def stage_params(p: PipelineParams) -> dict:
-    return p.extract.model_dump(mode="json")
+    return {**p.extract.model_dump(mode="json"), "crawl_id": crawl_id(p)}
 
 
 def plan(p: PipelineParams, rt: dict, layout: StageLayout) -> list[Shard]:
@@ -90,9 +95,7 @@ def _skip_reason(rec: Record) -> str | None:
 
 def _extract_warc(shard: Shard, tmp: Path, p: PipelineParams) -> ShardStats:
     st, meta = ShardStats(), []
-    path = Path(shard.inputs[0])
-    crawl = path.name.split("-")[0:4]
-    crawl_id = "-".join(crawl) if crawl[:2] == ["CC", "MAIN"] else ""
+    path, crawl = Path(shard.inputs[0]), crawl_id(p)
     worker = worker_for("tasks.html_text:extract_one")
     with DocWriter(tmp) as w:
         for k, (ok, res) in enumerate(worker.map(_candidates(path, p, st, meta), p.extract.time_limit_s)):
@@ -107,7 +110,7 @@ def _extract_warc(shard: Shard, tmp: Path, p: PipelineParams) -> ShardStats:
                 st.drop("empty_text")
                 continue
             w.write({"id": f"common-crawl/{shard.name}/{rec_index}", "text": text, "dataset": "common-crawl",
-                     "url": url, "crawl": crawl_id, "lang": lang, "lang_score": score})
+                     "url": url, "crawl": crawl, "lang": lang, "lang_score": score})
     st.docs_out, st.bytes_out = w.docs, w.text_bytes
     return st
 

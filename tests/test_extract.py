@@ -66,6 +66,7 @@ def test_bad_inputs_are_counted_and_skipped(tmp_path):
     assert st.extra["encoding_repaired"] == 2
     assert st.docs_in == st.docs_out + sum(st.dropped.values())
     assert all(r["lang"] == "en" and r["id"].startswith("common-crawl/nasty/") for r in rows)
+    assert {r["crawl"] for r in rows} == {"CC-MAIN-2020-50"}  # from the configuration, not the file name
 
 
 def test_empty_and_garbage_files_do_not_crash(tmp_path):
