@@ -168,10 +168,16 @@ def first_pass(p: PipelineParams, rt: dict, layout: StageLayout, shards: list[Sh
 
 def cut_ranges(text: str, hits: list[tuple[int, int, int]], margin: int) -> list[tuple[int, int]]:
     """Character ranges to remove: each match plus `margin` each side, widened to whole words."""
-    spans = token_spans(text, upto=max(f + n for f, n, _ in hits))
+    words = []  # overlapping windows (a 50-word passage gives 38) merge into one word interval
+    for first, end in sorted((f, f + n) for f, n, _ in hits):
+        if words and first <= words[-1][1]:
+            words[-1][1] = max(words[-1][1], end)
+        else:
+            words.append([first, end])
+    spans = token_spans(text, upto=words[-1][1])
     ranges = []
-    for first, length, _ in hits:
-        a, b = max(0, spans[first][0] - margin), min(len(text), spans[first + length - 1][1] + margin)
+    for first, end in words:
+        a, b = max(0, spans[first][0] - margin), min(len(text), spans[end - 1][1] + margin)
         while a > 0 and not text[a - 1].isspace():
             a -= 1
         while b < len(text) and not text[b].isspace():
