@@ -55,8 +55,7 @@ def bare_loop(bodies: list[tuple[bytes, str]]) -> float:
 
 def pipeline(p) -> float:
     shutil.rmtree(Path(p.paths.data_dir) / "extract", ignore_errors=True)
-    for w in getattr(sandbox._local, "workers", {}).values():  # count the child's start-up every time
-        w.close()
+    sandbox.close_workers()  # count the child's start-up every time
     start = time.perf_counter()
     run_stage("extract", p)
     return time.perf_counter() - start

@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from tasks.ngram_index import DOC_SEP, HASH_VERSION, NgramIndex, normalize, token_spans, word_hashes
 from tasks.schema import DOC_SCHEMA, DocWriter, iter_batches, text_bytes
-from tasks.shards import Shard, ShardStats, StageLayout, atomic_path, atomic_write_text
+from tasks.shards import Shard, ShardStats, StageLayout, atomic_path, atomic_write_text, prune
 
 NAME = "decontaminate"
 
@@ -145,6 +145,7 @@ def first_pass(p: PipelineParams, rt: dict, layout: StageLayout, shards: list[Sh
     count_layout.prepare()
     count_shards = [Shard(s.name, s.inputs[:2], f"{s.name}.npz") for s in shards]  # documents + index key
     map_shards(CountPass.NAME, p, count_shards, rt)
+    prune(count_layout, count_shards)
     index = index_for(rt)
     docs = np.zeros(len(index.hashes), dtype=np.int64)
     for s in count_shards:

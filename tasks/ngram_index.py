@@ -80,8 +80,9 @@ def word_hashes(normalized: str, first_bytes: bool = False):
     if space.all():
         empty = np.empty(0, dtype=np.uint64)
         return (empty, np.empty(0, dtype=np.uint8)) if first_bytes else empty
-    h = _hash_words(b, space)
-    return (h, b[_word_starts(space)]) if first_bytes else h
+    starts = _word_starts(space)
+    h = _hash_words(b, space, starts)
+    return (h, b[starts]) if first_bytes else h
 
 
 def _word_starts(space: np.ndarray) -> np.ndarray:
@@ -90,8 +91,7 @@ def _word_starts(space: np.ndarray) -> np.ndarray:
     return np.flatnonzero(start)
 
 
-def _hash_words(b: np.ndarray, space: np.ndarray) -> np.ndarray:
-    starts = _word_starts(space)
+def _hash_words(b: np.ndarray, space: np.ndarray, starts: np.ndarray) -> np.ndarray:
     pw, inv = _powers()
     with np.errstate(over="ignore"):
         if np.diff(np.append(starts, len(b))).max() > _BLOCK // 2:  # a giant token: per-byte offsets

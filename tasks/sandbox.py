@@ -183,6 +183,13 @@ def worker_for(target: str) -> TimeLimitedWorker:
     return workers[target]
 
 
+def close_workers() -> None:
+    """Stop this thread's workers (the next map() starts fresh children)."""
+    for w in getattr(_local, "workers", {}).values():
+        w.close()
+    getattr(_local, "workers", {}).clear()
+
+
 def _child_main(target: str) -> None:
     fn = _resolve(target)
     rfd, wfd = sys.stdin.fileno(), sys.stdout.fileno()

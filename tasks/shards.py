@@ -164,9 +164,8 @@ def run_shard(layout: StageLayout, shard: Shard, fn: ShardFn, stage_params: dict
     return stats
 
 
-def finalize(layout: StageLayout, shards: list[Shard], parts: list[dict], wall_s: float,
-             report: Callable[[dict], dict] | None = None) -> dict:
-    """Drop outputs no longer planned (changed params), then write stats.json."""
+def prune(layout: StageLayout, shards: list[Shard]) -> None:
+    """Drop outputs and markers no longer planned (e.g. fewer input shards after a param change)."""
     planned = {s.output for s in shards}
     for p in layout.outputs():
         if p.name not in planned:
@@ -175,6 +174,12 @@ def finalize(layout: StageLayout, shards: list[Shard], parts: list[dict], wall_s
     for m in layout.completions.glob("*.json"):
         if m.name not in names:
             m.unlink()
+
+
+def finalize(layout: StageLayout, shards: list[Shard], parts: list[dict], wall_s: float,
+             report: Callable[[dict], dict] | None = None) -> dict:
+    """Prune outputs no longer planned, then write stats.json."""
+    prune(layout, shards)
     stats = {"stage": layout.stage, "shards": len(shards), **merge_stats(parts)}
     stats["resumed_shards"] = sum(p.get("resumed", 0) for p in parts)
     stats["wall_seconds"] = round(wall_s, 3)

@@ -17,7 +17,7 @@ from tasks.config import PipelineParams
 from tasks.sample import generate
 from tasks.shards import Shard, StageLayout, finalize, run_shard
 
-# DAG order. Later stages (filter, dedup, decontaminate, blend, ...) register here.
+# DAG order. Later stages (filter, dedup, blend, ...) register here.
 PIPELINE: tuple[str, ...] = ("sample", "download", "extract", "decontaminate")
 SHARDED: dict[str, ModuleType] = {"download": download, "extract": extract, "decontaminate": decontaminate,
                                   decontaminate.CountPass.NAME: decontaminate.CountPass}
