@@ -2,8 +2,9 @@
 
 Per WARC shard: every record is either a document or a drop counted under its reason, so
 docs_in == docs_out + sum(dropped). Curated shards from `download` pass through language ID.
-HTML decoding and extraction run in a child process with a per-document time limit
-(tasks.sandbox), so one pathological page cannot stall a shard.
+Only the extraction library's call runs in a child process with a per-document time limit
+(tasks.sandbox), so one pathological page cannot stall a shard; charset repair and language ID are
+linear-time and run here, overlapping the child's work on the previous pages.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Iterator
 
 from tasks.config import PipelineParams
-from tasks.html_text import detect_lang
+from tasks.html_text import detect_lang, to_utf8
 from tasks.sandbox import TIMED_OUT, worker_for
 from tasks.schema import DocWriter, iter_docs
 from tasks.shards import Shard, ShardStats, StageLayout
@@ -81,8 +82,9 @@ def _candidates(path: Path, p: PipelineParams, st: ShardStats, meta: list) -> It
         elif headers.get("content-encoding", "identity") not in ("identity", ""):
             st.drop("content_encoded")  # CC stores decoded payloads; anything else is unreadable here
         else:
-            meta.append((i, rec.headers.get("warc-target-uri", "")))
-            yield body, _charset(headers.get("content-type", "")), p.extract.extractor, p.extract.lang_chars
+            body, repaired = to_utf8(body, _charset(headers.get("content-type", "")))
+            meta.append((i, rec.headers.get("warc-target-uri", ""), repaired))
+            yield body, p.extract.extractor
 
 
 def _skip_reason(rec: Record) -> str | None:
@@ -96,19 +98,19 @@ def _skip_reason(rec: Record) -> str | None:
 def _extract_warc(shard: Shard, tmp: Path, p: PipelineParams) -> ShardStats:
     st, meta = ShardStats(), []
     path, crawl = Path(shard.inputs[0]), crawl_id(p)
-    worker = worker_for("tasks.html_text:extract_one")
+    worker = worker_for("tasks.html_text:extract_main_text")
     with DocWriter(tmp) as w:
-        for k, (ok, res) in enumerate(worker.map(_candidates(path, p, st, meta), p.extract.time_limit_s)):
-            rec_index, url = meta[k]
-            if not ok:
-                st.drop("extract_timeout" if res is TIMED_OUT else "extract_error")
-                continue
-            text, repaired, lang, score = res
+        for k, (ok, text) in enumerate(worker.map(_candidates(path, p, st, meta), p.extract.time_limit_s)):
+            rec_index, url, repaired = meta[k]
             if repaired:
                 st.extra["encoding_repaired"] = st.extra.get("encoding_repaired", 0) + 1
+            if not ok:
+                st.drop("extract_timeout" if text is TIMED_OUT else "extract_error")
+                continue
             if len(text) < max(1, p.extract.min_text_chars):
                 st.drop("empty_text")
                 continue
+            lang, score = detect_lang(text, p.extract.lang_chars)
             w.write({"id": f"common-crawl/{shard.name}/{rec_index}", "text": text, "dataset": "common-crawl",
                      "url": url, "crawl": crawl, "lang": lang, "lang_score": score})
     st.docs_out, st.bytes_out = w.docs, w.text_bytes

@@ -1,4 +1,10 @@
-"""HTML bytes -> main text + language: the code that runs inside the extraction sandbox child.
+"""HTML bytes -> UTF-8 -> main text -> language: the pieces of extraction, split by where they run.
+
+`to_utf8` and `detect_lang` run in the stage's own process: they are linear-time C codecs and a
+fixed-length language model, so they need no time limit. `extract_main_text` is the only part that
+can spin on a pathological page, so it alone runs in the sandbox child (tasks.sandbox); keeping the
+child's work to exactly the extraction library's call keeps the critical path of a shard short
+while the parent reads the next WARC records on the other core.
 
 Kept free of heavy imports (no pyarrow, pydantic, pandas) so a child starts in a few ms.
 """
@@ -6,43 +12,52 @@ from __future__ import annotations
 
 import codecs
 
+UTF8 = "utf-8"
 
-def decode_html(body: bytes, declared: str | None) -> tuple[str, bool]:
-    """Decode with the declared charset; if it is missing, unknown or wrong, detect it."""
+
+def to_utf8(body: bytes, declared: str | None) -> tuple[bytes, bool]:
+    """(UTF-8 bytes, repaired): decode with the declared charset; if it is missing, unknown or
+    wrong, try UTF-8, then detect. Valid UTF-8 is passed through without a copy."""
+    codec = None
     if declared:
         try:
-            return body.decode(codecs.lookup(declared).name), False
-        except (LookupError, UnicodeDecodeError):
+            codec = codecs.lookup(declared).name
+        except LookupError:
+            pass
+    if codec is not None and codec != UTF8:
+        try:
+            return body.decode(codec).encode(UTF8), False
+        except UnicodeDecodeError:
             pass
     try:
-        return body.decode("utf-8"), declared is not None
+        body.decode(UTF8)
+        return body, declared is not None and codec != UTF8
     except UnicodeDecodeError:
         from resiliparse.parse.encoding import bytes_to_str, detect_encoding
 
-        return bytes_to_str(body, detect_encoding(body)), True
+        return bytes_to_str(body, detect_encoding(body)).encode(UTF8, "replace"), True
 
 
 def detect_lang(text: str, n_chars: int) -> tuple[str, float]:
+    if not text:
+        return "unknown", 0.0
     from resiliparse.parse.lang import detect_fast
 
     lang, score = detect_fast(text[:n_chars])
     return lang, float(score)
 
 
-def extract_one(item: tuple) -> tuple[str, bool, str, float]:
-    """(body, charset, extractor, lang_chars) -> (main text, encoding repaired, lang, lang score)."""
-    body, charset, extractor, lang_chars = item
-    html, repaired = decode_html(body, charset)
+def extract_main_text(item: tuple[bytes, str]) -> str:
+    """(UTF-8 HTML, extractor name) -> main text. The sandboxed step."""
+    body, extractor = item
     if extractor == "trafilatura":
         import trafilatura
 
-        text = trafilatura.extract(html, include_comments=False, include_tables=False) or ""
+        text = trafilatura.extract(body.decode(UTF8), include_comments=False, include_tables=False) or ""
     else:
         from resiliparse.extract.html2text import extract_plain_text
         from resiliparse.parse.html import HTMLTree
 
-        text = extract_plain_text(HTMLTree.parse(html), main_content=True, alt_texts=False,
+        text = extract_plain_text(HTMLTree.parse_from_bytes(body, UTF8), main_content=True, alt_texts=False,
                                   links=False, list_bullets=False)
-    text = text.strip()
-    lang, score = detect_lang(text, lang_chars) if text else ("unknown", 0.0)
-    return text, repaired, lang, score
+    return text.strip()

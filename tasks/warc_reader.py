@@ -7,10 +7,11 @@ Yields `Record`s and, for every piece it skips, a reason string (counted in stat
 """
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterator
+
+from zlib_ng import zlib_ng as zlib  # the stdlib zlib API; inflates ~1.5x faster (measured on CC-style members)
 
 GZIP_MAGIC = b"\x1f\x8b\x08"
 CHUNK = 64 << 10  # small reads: zlib copies all input left after a member into unused_data
