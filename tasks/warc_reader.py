@@ -7,7 +7,7 @@ Yields `Record`s and, for every piece it skips, a reason string (counted in stat
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
@@ -18,15 +18,40 @@ CHUNK = 64 << 10  # small reads: zlib copies all input left after a member into 
 MAX_MEMBER = 256 << 20  # a single record larger than this is not a web page
 
 
-@dataclass
 class Record:
-    version: str
-    headers: dict[str, str]  # lower-cased names
-    payload: bytes
+    """One WARC record. Headers are parsed on first use: most records in a Common Crawl file are
+    requests and metadata that the stage only counts, so it reads their type and length alone."""
+
+    __slots__ = ("version", "_head", "_headers", "payload")
+
+    def __init__(self, version: str, head: bytes, payload: bytes):
+        self.version, self._head, self._headers, self.payload = version, head, None, payload
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Lower-cased names; the last of repeated names wins."""
+        if self._headers is None:
+            self._headers = {}
+            for line in self._head.split(b"\r\n")[1:]:
+                k, sep, v = line.partition(b":")
+                if sep:
+                    self._headers[k.strip().lower().decode("latin-1")] = v.strip().decode("utf-8", "replace")
+        return self._headers
 
     @property
     def type(self) -> str:
-        return self.headers.get("warc-type", "").lower()
+        m = _last(_TYPE, self._head)
+        return m.decode("latin-1").lower() if m is not None else ""
+
+
+# One header's value, as the full parse in Record.headers would read it (name and value stripped).
+_LENGTH = re.compile(rb"\r\n[ \t]*content-length[ \t]*:[ \t]*(\S*)[ \t]*(?=\r\n)", re.I)
+_TYPE = re.compile(rb"\r\n[ \t]*warc-type[ \t]*:[ \t]*(\S*)[ \t]*(?=\r\n)", re.I)
+
+
+def _last(pattern: re.Pattern, head: bytes) -> bytes | None:
+    found = pattern.findall(head + b"\r\n")
+    return found[-1] if found else None
 
 
 def _resync(buf: bytes, fh: BinaryIO) -> bytes:
@@ -79,23 +104,16 @@ def _records(data: bytes) -> Iterator[Record | str]:
         if end < 0:
             yield "malformed_record"
             return
-        lines = data[pos:end].split(b"\r\n")
-        version = lines[0].strip().decode("latin-1")
+        head = data[pos:end]
+        version = head[:head.find(b"\r\n") if b"\r\n" in head else len(head)].strip().decode("latin-1")
         if not version.startswith("WARC/"):
             yield "malformed_record"
             return
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            k, sep, v = line.partition(b":")
-            if sep:
-                headers[k.strip().lower().decode("latin-1")] = v.strip().decode("utf-8", "replace")
-        try:
-            length = int(headers["content-length"])
-            if length < 0:
-                raise ValueError
-        except (KeyError, ValueError):
+        length = _last(_LENGTH, head)
+        if length is None or not length.isdigit():
             yield "malformed_record"
             return
+        length = int(length)
         start = end + 4
         payload = data[start:start + length]
         if len(payload) < length:
@@ -104,7 +122,7 @@ def _records(data: bytes) -> Iterator[Record | str]:
         if version not in ("WARC/1.0", "WARC/1.1"):
             yield "unsupported_warc_version"  # e.g. WARC/0.18 headers from pre-standard crawls
         else:
-            yield Record(version, headers, payload)
+            yield Record(version, head, payload)
         pos = start + length
 
 
