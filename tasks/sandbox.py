@@ -119,6 +119,7 @@ class TimeLimitedWorker:
                 unsent += data
                 pending.append((item, len(data)))
                 pending_bytes += len(data)
+                self._send(unsent)  # at once: the child may be idle (a new shard starts here)
             if not pending:
                 return
             if not self.ready:
@@ -134,20 +135,15 @@ class TimeLimitedWorker:
                 self._kill()
                 yield False, TIMED_OUT
                 continue
-            out_fd, in_fd = self.proc.stdout.fileno(), self.proc.stdin.fileno()
-            readable, writable, _ = select.select([out_fd], [in_fd] if unsent else [], [], 0)
+            out_fd = self.proc.stdout.fileno()
+            readable, writable, _ = select.select([out_fd], [self.proc.stdin.fileno()] if unsent else [], [], 0)
             if not readable and not writable:  # nap instead of blocking: see POLL_MIN_S
                 time.sleep(min(nap, wait))
                 nap = min(2 * nap, POLL_MAX_S)
                 continue
             nap = POLL_MIN_S
             if writable:
-                try:
-                    del unsent[:os.write(in_fd, unsent)]
-                except BlockingIOError:
-                    pass
-                except BrokenPipeError:  # child died; answered below or restarted above
-                    unsent.clear()
+                self._send(unsent)
             if readable:
                 try:
                     result = read_frame(out_fd)
@@ -162,6 +158,15 @@ class TimeLimitedWorker:
                     continue
                 pending_bytes -= pending.popleft()[1]
                 yield result
+
+    def _send(self, unsent: bytearray) -> None:
+        """Write what the pipe takes now, never blocking."""
+        try:
+            del unsent[:os.write(self.proc.stdin.fileno(), unsent)]
+        except BlockingIOError:
+            pass
+        except BrokenPipeError:  # the child died; map() answers or restarts it
+            unsent.clear()
 
     def close(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
