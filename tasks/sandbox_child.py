@@ -17,12 +17,20 @@ _HDR = struct.Struct("<Q")
 
 
 def frame(obj) -> bytes:
-    data = marshal.dumps(obj)
+    try:
+        data = marshal.dumps(obj)
+    except ValueError as e:
+        raise TypeError(f"sandbox items and results must be plain data (bytes, str, numbers, "
+                        f"tuples, lists, dicts), got {type(obj).__name__}: {e}") from None
     return _HDR.pack(len(data)) + data
 
 
 def write_frame(fd: int, obj) -> None:
-    buf = memoryview(frame(obj))
+    _write_all(fd, frame(obj))
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    buf = memoryview(data)
     while buf:
         buf = buf[os.write(fd, buf):]
 
@@ -58,10 +66,10 @@ def serve(target: str) -> None:
         if item is None:
             return
         try:
-            out = (True, fn(item))
+            out = frame((True, fn(item)))
         except Exception as e:  # reported per item, never fatal to the shard
-            out = (False, f"{e.__class__.__name__}: {e}")
-        write_frame(wfd, out)
+            out = frame((False, f"{e.__class__.__name__}: {e}"))
+        _write_all(wfd, out)
 
 
 if __name__ == "__main__":

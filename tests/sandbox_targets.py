@@ -8,3 +8,7 @@ def upper_or_hang(x: str) -> str:
     if x == "boom":
         raise ValueError("bad item")
     return x.upper()
+
+
+def not_plain_data(x: str) -> object:
+    return object() if x == "object" else x

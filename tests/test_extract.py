@@ -5,6 +5,7 @@ import random
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from tasks.config import parse_params
 from tasks.extract import process
@@ -116,3 +117,29 @@ def test_trafilatura_option(extracted, tmp_path):
     st = process(Shard("t", (str(warc),), "t.parquet"), tmp_path / "t.parquet", p, {})
     rows = pq.read_table(tmp_path / "t.parquet").to_pylist()
     assert st.docs_out >= 10 and all("Copyright" not in r["text"] for r in rows)
+
+
+def test_to_utf8_passes_valid_utf8_through_and_repairs_the_rest():
+    from tasks.html_text import to_utf8
+
+    body = "café — ok".encode()
+    same, repaired = to_utf8(body, "utf-8")
+    assert same is body and not repaired  # no copy on the common path
+    assert to_utf8(body, None) == (body, False)
+    assert to_utf8("rivière".encode("latin-1"), "iso-8859-1") == ("rivière".encode(), False)
+    assert to_utf8(body, "x-klingon") == (body, True)  # unknown label, but valid UTF-8
+    fixed, repaired = to_utf8(("café " * 50).encode("cp1252"), "utf-8")  # mislabelled
+    assert repaired and fixed.decode("utf-8").startswith("caf")
+
+
+def test_sandbox_reports_a_result_that_is_not_plain_data_and_goes_on():
+    w = TimeLimitedWorker("tests.sandbox_targets:not_plain_data")
+    try:
+        out = list(w.map(["a", "object", "b"], time_limit=5.0))
+        assert out[0] == (True, "a") and out[2] == (True, "b")
+        assert out[1][0] is False and "plain data" in out[1][1]
+        assert w.restarts == 0
+        with pytest.raises(TypeError, match="plain data"):
+            list(w.map([object()], time_limit=5.0))
+    finally:
+        w.close()
