@@ -51,7 +51,7 @@ def _import_path() -> list[str]:
     seen = [root]
     for entry in sys.path:
         entry = os.path.abspath(entry or os.getcwd())
-        if entry not in seen and os.path.isdir(entry):
+        if entry not in seen and os.path.exists(entry):  # folders, and zip or egg archives
             seen.append(entry)
     return seen
 
