@@ -83,14 +83,15 @@ def _candidates(path: Path, p: PipelineParams, st: ShardStats, meta: list) -> It
             st.drop("content_encoded")  # CC stores decoded payloads; anything else is unreadable here
         else:
             body, repaired = to_utf8(body, _charset(headers.get("content-type", "")))
-            meta.append((i, rec.headers.get("warc-target-uri", ""), repaired))
+            meta.append((i, rec.header("warc-target-uri"), repaired))
             yield body, p.extract.extractor
 
 
 def _skip_reason(rec: Record) -> str | None:
-    if rec.type != "response":
-        return f"record_{rec.type or 'untyped'}"
-    if "application/http" not in rec.headers.get("content-type", "application/http"):
+    kind = rec.type
+    if kind != "response":
+        return f"record_{kind or 'untyped'}"
+    if "application/http" not in rec.header("content-type", "application/http"):
         return "not_http"
     return None
 

@@ -19,34 +19,51 @@ MAX_MEMBER = 256 << 20  # a single record larger than this is not a web page
 
 
 class Record:
-    """One WARC record. Headers are parsed on first use: most records in a Common Crawl file are
-    requests and metadata that the stage only counts, so it reads their type and length alone."""
+    """One WARC record. Headers are parsed on demand: most records in a Common Crawl file are
+    requests and metadata that the stage only counts, and of a response it reads two headers."""
 
-    __slots__ = ("version", "_head", "_headers", "payload")
+    __slots__ = ("version", "_head", "_headers", "_type", "payload")
 
     def __init__(self, version: str, head: bytes, payload: bytes):
-        self.version, self._head, self._headers, self.payload = version, head, None, payload
+        self.version, self._head, self.payload = version, head, payload
+        self._headers: dict[str, str] | None = None
+        self._type: str | None = None
 
     @property
     def headers(self) -> dict[str, str]:
-        """Lower-cased names; the last of repeated names wins."""
+        """All headers, names lower-cased; the last of repeated names wins."""
         if self._headers is None:
             self._headers = {}
-            for line in self._head.split(b"\r\n")[1:]:
-                k, sep, v = line.partition(b":")
+            for line in self._head.decode("utf-8", "replace").split("\r\n")[1:]:
+                k, sep, v = line.partition(":")
                 if sep:
-                    self._headers[k.strip().lower().decode("latin-1")] = v.strip().decode("utf-8", "replace")
+                    self._headers[k.strip().lower()] = v.strip()
         return self._headers
+
+    def header(self, name: str, default: str = "") -> str:
+        """One header (`name` lower-case), read as `headers` would read it, without parsing all."""
+        if self._headers is not None:
+            return self._headers.get(name, default)
+        pattern = _HEADER.get(name)
+        if pattern is None:
+            pattern = _HEADER[name] = re.compile(
+                rb"\r\n[ \t]*" + re.escape(name.encode()) + rb"[ \t]*:[ \t]*(.*?)[ \t]*(?=\r\n)", re.I)
+        value = _last(pattern, self._head)
+        return value.decode("utf-8", "replace") if value is not None else default
 
     @property
     def type(self) -> str:
-        m = _last(_TYPE, self._head)
-        return m.decode("latin-1").lower() if m is not None else ""
+        if self._type is None:
+            m = _last(_TYPE, self._head)
+            self._type = m.decode("latin-1").lower() if m is not None else ""
+        return self._type
 
 
 # One header's value, as the full parse in Record.headers would read it (name and value stripped).
 _LENGTH = re.compile(rb"\r\n[ \t]*content-length[ \t]*:[ \t]*(\S*)[ \t]*(?=\r\n)", re.I)
 _TYPE = re.compile(rb"\r\n[ \t]*warc-type[ \t]*:[ \t]*(\S*)[ \t]*(?=\r\n)", re.I)
+_HEADER: dict[str, re.Pattern] = {}
+_BLANK_LINES = re.compile(rb"(?:\r?\n)*")
 
 
 def _last(pattern: re.Pattern, head: bytes) -> bytes | None:
@@ -96,8 +113,7 @@ def _members(fh: BinaryIO) -> Iterator[bytes | str]:
 def _records(data: bytes) -> Iterator[Record | str]:
     pos, n = 0, len(data)
     while pos < n:
-        while data.startswith(b"\r\n", pos) or data.startswith(b"\n", pos):
-            pos += 2 if data.startswith(b"\r\n", pos) else 1
+        pos = _BLANK_LINES.match(data, pos).end()  # the CRLF CRLF that ends the previous record
         if pos >= n:
             return
         end = data.find(b"\r\n\r\n", pos)
@@ -147,13 +163,13 @@ def parse_http(payload: bytes) -> tuple[int, dict[str, str], bytes]:
         end, sep = payload.find(b"\n\n"), 2
     if end < 0:
         raise ValueError("no end of HTTP headers")
-    lines = payload[:end].replace(b"\r\n", b"\n").split(b"\n")
+    lines = payload[:end].decode("latin-1").replace("\r\n", "\n").split("\n")
     parts = lines[0].split(None, 2)
-    if len(parts) < 2 or not parts[0].startswith(b"HTTP/") or not parts[1].isdigit():
+    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
         raise ValueError("bad HTTP status line")
     headers = {}
     for line in lines[1:]:
-        k, s, v = line.partition(b":")
+        k, s, v = line.partition(":")
         if s:
-            headers[k.strip().lower().decode("latin-1")] = v.strip().decode("latin-1")
+            headers[k.strip().lower()] = v.strip()
     return int(parts[1]), headers, payload[end + sep:]

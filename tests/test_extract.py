@@ -143,3 +143,17 @@ def test_sandbox_reports_a_result_that_is_not_plain_data_and_goes_on():
             list(w.map([object()], time_limit=5.0))
     finally:
         w.close()
+
+
+def test_record_header_reads_what_the_full_parse_reads():
+    from tasks.warc_reader import _records
+
+    head = (b"WARC/1.0\r\nWARC-Type:  Response \r\nwarc-target-uri: https://a.example/x?y=1\r\n"
+            b"Content-Type : application/http; msgtype=response\r\nX-Twice: 1\r\nX-Twice: 2\r\n"
+            b"Content-Length: 3\r\n\r\nabc\r\n\r\n")
+    (rec,) = list(_records(head))
+    names = ["warc-type", "warc-target-uri", "content-type", "x-twice", "content-length", "missing"]
+    lazy = [rec.header(n, "?") for n in names]
+    assert rec.type == "response" and rec.payload == b"abc"
+    assert lazy == [rec.headers.get(n, "?") for n in names]
+    assert lazy[3] == "2"  # the last of repeated names wins, as in the dict
