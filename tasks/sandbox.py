@@ -32,6 +32,8 @@ START_TIMEOUT_S = 120.0
 # wake-up is charged to the child, the critical path (measured: ~7% of the child's time in the
 # kernel's wake-up path). A nap adds at most POLL_MAX_S to an item's observed time.
 POLL_MIN_S, POLL_MAX_S = 0.0005, 0.004
+
+
 def _child_env() -> dict[str, str]:
     """A fresh glibc process returns freed heap to the kernel after every page-sized parse, and
     the HTML parser then page-faults its arenas back in for the next document (measured: 140k
