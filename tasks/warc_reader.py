@@ -44,29 +44,26 @@ class Record:
         """One header (`name` lower-case), read as `headers` would read it, without parsing all."""
         if self._headers is not None:
             return self._headers.get(name, default)
-        pattern = _HEADER.get(name)
-        if pattern is None:
-            pattern = _HEADER[name] = re.compile(
-                rb"\r\n[ \t]*" + re.escape(name.encode()) + rb"[ \t]*:[ \t]*(.*?)[ \t]*(?=\r\n)", re.I)
-        value = _last(pattern, self._head)
+        value = _last_value(name, self._head)
         return value.decode("utf-8", "replace") if value is not None else default
 
     @property
     def type(self) -> str:
         if self._type is None:
-            m = _last(_TYPE, self._head)
-            self._type = m.decode("latin-1").lower() if m is not None else ""
+            self._type = self.header("warc-type").lower()
         return self._type
 
 
-# One header's value, as the full parse in Record.headers would read it (name and value stripped).
-_LENGTH = re.compile(rb"\r\n[ \t]*content-length[ \t]*:[ \t]*(\S*)[ \t]*(?=\r\n)", re.I)
-_TYPE = re.compile(rb"\r\n[ \t]*warc-type[ \t]*:[ \t]*(\S*)[ \t]*(?=\r\n)", re.I)
 _HEADER: dict[str, re.Pattern] = {}
 _BLANK_LINES = re.compile(rb"(?:\r?\n)*")
 
 
-def _last(pattern: re.Pattern, head: bytes) -> bytes | None:
+def _last_value(name: str, head: bytes) -> bytes | None:
+    """The last `name:` header's value in a header block, stripped as Record.headers strips it."""
+    pattern = _HEADER.get(name)
+    if pattern is None:
+        pattern = _HEADER[name] = re.compile(
+            rb"\r\n[ \t]*" + re.escape(name.encode()) + rb"[ \t]*:[ \t]*(.*?)[ \t]*(?=\r\n)", re.I)
     found = pattern.findall(head + b"\r\n")
     return found[-1] if found else None
 
@@ -125,7 +122,7 @@ def _records(data: bytes) -> Iterator[Record | str]:
         if not version.startswith("WARC/"):
             yield "malformed_record"
             return
-        length = _last(_LENGTH, head)
+        length = _last_value("content-length", head)
         if length is None or not length.isdigit():
             yield "malformed_record"
             return
