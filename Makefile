@@ -52,4 +52,4 @@ bench: install
 	$(PY) -m benchmarks.decontam
 
 clean:
-	rm -rf data/sample data/download data/extract data/decontaminate data/docs
+	find data -mindepth 1 -maxdepth 1 ! -name .gitkeep -exec rm -rf {} +

@@ -19,12 +19,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from tasks import sandbox
-from tasks.config import parse_params
-from tasks.extract import HTML_TYPES, _charset
-from tasks.sample import generate
-from tasks.stages import run_stage
-from tasks.warc_reader import Record, iter_warc, parse_http
+from tasks.extract import sandbox
+from tasks.core.config import parse_params
+from tasks.extract.stage import HTML_TYPES, _charset
+from tasks.sample.generate import generate
+from tasks.core.runner import adopt_outputs, run_stage
+from tasks.extract.warc_reader import Record, iter_warc, parse_http
 
 
 def html_bodies(warcs: list[Path]) -> list[tuple[bytes, str]]:
@@ -79,6 +79,7 @@ def main() -> None:
         warcs = []
         for w in sorted((data / "sample").rglob("*.warc.gz")):
             warcs.append(Path(shutil.copy(w, shards / w.name)))
+        adopt_outputs(p, "download")
         bodies = html_bodies(warcs)
         mb = sum(len(b) for b, _ in bodies) / 1e6
         bare, pipe = float("inf"), float("inf")

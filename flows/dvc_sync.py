@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tasks.config import ConfigError, PipelineParams, load_params
+from tasks.core.config import ConfigError, PipelineParams, load_params
 
 
 def dvc_repo_root(start: Path = Path(".")) -> Path | None:

@@ -12,8 +12,8 @@ from prefect import flow, get_run_logger
 
 from flows.dvc_sync import record_in_dvc
 from flows.stages import STAGE_FLOWS, resolve
-from tasks.config import PipelineParams
-from tasks.stages import PIPELINE
+from tasks.core.config import PipelineParams
+from tasks.core.registry import PIPELINE
 
 
 @flow(name="pretraining-pipeline")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from prefect.task_runners import ProcessPoolTaskRunner, ThreadPoolTaskRunner
 
-from tasks.config import RunnerParams
+from tasks.core.config import RunnerParams
 
 
 def build_task_runner(r: RunnerParams):

@@ -1,6 +1,7 @@
-"""One Prefect flow per stage. Each is a thin shell around tasks.stages.run_stage: the shards run
-as Prefect tasks through the configured task runner, then the stage's expectation suite runs and
-its stats land as an artifact. Parameters are the typed models from params.yaml."""
+"""One Prefect flow per stage, generated from the registry (tasks.core.registry): each is a thin
+shell around tasks.core.runner.run_stage. A sharded pass's shards run as Prefect tasks through the
+configured task runner; then the stage's expectation suite runs and its stats land as an artifact.
+Parameters are the typed models from params.yaml."""
 from __future__ import annotations
 
 import json
@@ -10,20 +11,23 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.artifacts import publish
 from flows.runners import build_task_runner
-from tasks.config import PipelineParams, load_params
-from tasks.shards import Shard
-from tasks.stages import process_shard, run_stage
+from tasks.core.config import PipelineParams, load_params
+from tasks.core.passes import Shard
+from tasks.core.registry import STAGES
+from tasks.core.runner import process_shard, run_stage
+from tasks.core.stage import Context, Stage
 from tasks.validation import ExpectationFailed, validate_stage
 
 
-@task(name="shard", task_run_name="{stage}:{shard.name}", cache_policy=NO_CACHE, persist_result=False)
-def shard_task(stage: str, params: PipelineParams, shard: Shard, rt: dict) -> dict:
-    return process_shard(stage, params, shard, rt)
+@task(name="shard", task_run_name="{stage}.{pass_name}:{shard.name}", cache_policy=NO_CACHE, persist_result=False)
+def shard_task(stage: str, pass_name: str, params: PipelineParams, shard: Shard, ctx: Context) -> dict:
+    return process_shard(stage, pass_name, params, shard, ctx)
 
 
-def map_with_prefect(stage: str, p: PipelineParams, shards: list[Shard], rt: dict) -> list[dict]:
+def map_with_prefect(stage: str, pass_name: str, p: PipelineParams, shards: list[Shard], ctx: Context) -> list[dict]:
     with build_task_runner(p.runner) as runner:
-        futures = [runner.submit(shard_task, {"stage": stage, "params": p, "shard": s, "rt": rt}) for s in shards]
+        futures = [runner.submit(shard_task, {"stage": stage, "pass_name": pass_name, "params": p, "shard": s,
+                                              "ctx": ctx}) for s in shards]
         return [f.result() for f in futures]
 
 
@@ -44,32 +48,13 @@ def run_stage_flow(stage: str, p: PipelineParams) -> dict:
     return stats
 
 
-@flow(name="stage-sample")
-def sample_flow(params: PipelineParams | None = None, params_file: str = "params.yaml") -> dict:
-    """Generate the built-in mini-crawl (Common Crawl layout) and its ground truth."""
-    p = resolve(params, params_file)
-    stats = run_stage("sample", p)
-    publish(stats, None)
-    return stats
+def _stage_flow(st: Stage):
+    def stage_flow(params: PipelineParams | None = None, params_file: str = "params.yaml") -> dict:
+        return run_stage_flow(st.name, resolve(params, params_file))
+
+    stage_flow.__name__ = stage_flow.__qualname__ = f"{st.name}_flow"
+    stage_flow.__doc__ = st.doc
+    return flow(name=f"stage-{st.name}", description=st.doc)(stage_flow)
 
 
-@flow(name="stage-download")
-def download_flow(params: PipelineParams | None = None, params_file: str = "params.yaml") -> dict:
-    """Download WARC files (Common Crawl or the served sample) and ingest curated datasets."""
-    return run_stage_flow("download", resolve(params, params_file))
-
-
-@flow(name="stage-extract")
-def extract_flow(params: PipelineParams | None = None, params_file: str = "params.yaml") -> dict:
-    """WARC -> main text + language ID -> Parquet document shards."""
-    return run_stage_flow("extract", resolve(params, params_file))
-
-
-@flow(name="stage-decontaminate")
-def decontaminate_flow(params: PipelineParams | None = None, params_file: str = "params.yaml") -> dict:
-    """Remove evaluation-task 13-gram overlaps (GPT-3 App. C): count pass, then removal pass."""
-    return run_stage_flow("decontaminate", resolve(params, params_file))
-
-
-STAGE_FLOWS = {"sample": sample_flow, "download": download_flow, "extract": extract_flow,
-               "decontaminate": decontaminate_flow}
+STAGE_FLOWS = {st.name: _stage_flow(st) for st in STAGES}

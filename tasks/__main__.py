@@ -1,7 +1,8 @@
 """`python -m tasks <stage> [--params params.yaml]`: the entry point `dvc repro` runs.
 
 Runs one stage on params.yaml, then its expectation suite. Exit status 2 for a configuration
-error, 3 for a failed expectation, 1 for anything else that stopped the stage.
+error, 3 for a failed expectation, 4 when the input stage has not completed, 1 for anything else
+that stopped the stage.
 """
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tasks.config import ConfigError, load_params
-    from tasks.stages import PIPELINE, run_stage
+    from tasks.core.config import load_params
+    from tasks.core.errors import ConfigError, UnfinishedInput
+    from tasks.core.registry import PIPELINE
+    from tasks.core.runner import run_stage
     from tasks.validation import ExpectationFailed, validate_stage
 
     ap = argparse.ArgumentParser(prog="python -m tasks", description=__doc__)
@@ -29,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"configuration error: {e}", file=sys.stderr)
         return 2
+    except UnfinishedInput as e:
+        print(f"unfinished input: {e}", file=sys.stderr)
+        return 4
     except ExpectationFailed as e:
         print(f"validation failed: {e}", file=sys.stderr)
         return 3

@@ -42,7 +42,7 @@ def small_raw(data_dir: Path, **over) -> dict:
 
 @pytest.fixture
 def small_params(tmp_path):
-    from tasks.config import parse_params
+    from tasks.core.config import parse_params
 
     return parse_params(small_raw(tmp_path / "data"))
 
@@ -50,8 +50,8 @@ def small_params(tmp_path):
 @pytest.fixture(scope="session")
 def extracted(tmp_path_factory):
     """A data dir where sample -> download -> extract already ran (small sample)."""
-    from tasks.config import parse_params
-    from tasks.stages import run_stage
+    from tasks.core.config import parse_params
+    from tasks.core.runner import run_stage
 
     p = parse_params(small_raw(tmp_path_factory.mktemp("pipeline") / "data"))
     for s in ("sample", "download", "extract"):

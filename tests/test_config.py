@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tasks.config import ConfigError, PipelineParams, load_params, parse_params
+from tasks.core.config import ConfigError, PipelineParams, load_params, parse_params
 from tests.conftest import REPO
 
 

@@ -10,11 +10,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-import tasks.ngram_index as ni
-from tasks.config import ConfigError, parse_params
-from tasks.eval_tasks import TaskFileError
-from tasks.schema import write_docs
-from tasks.stages import run_stage
+import tasks.decontaminate.ngram_index as ni
+from tasks.core.config import ConfigError, parse_params
+from tasks.evalsets.loaders import TaskFileError
+from tasks.core.schema import write_docs
+from tasks.core.runner import adopt_outputs, run_stage
 from tasks.validation import ExpectationFailed, validate_stage
 
 PASSAGE = ("the lighthouse keeper counted every ship that passed the rocky northern cape during the "
@@ -47,6 +47,7 @@ def run(tmp_path: Path, bench: Path, docs: list[dict], **over) -> tuple[dict, di
     write_docs(data / "extract/shards/s0.parquet", docs)
     p = parse_params({"paths": {"data_dir": str(data), "benchmarks_dir": str(bench)},
                       "decontaminate": {"tasks": ["lambada", "hans"], **over}})
+    adopt_outputs(p, "extract")
     stats = run_stage("decontaminate", p)
     validate_stage("decontaminate", p)
     out: dict[str, list[str]] = {}
@@ -114,6 +115,7 @@ def test_changed_task_files_rebuild_the_index_and_redo_both_passes(tmp_path, ben
     write_docs(data / "extract/shards/s0.parquet", docs)
     p = parse_params({"paths": {"data_dir": str(data), "benchmarks_dir": str(bench)},
                       "decontaminate": {"tasks": ["lambada", "hans"]}})
+    adopt_outputs(p, "extract")
     assert run_stage("decontaminate", p)["extra"]["docs_matched"] == 1
     assert run_stage("decontaminate", p)["resumed_shards"] == 1
     (bench / "hans/heuristics_evaluation_set.txt").write_text(
@@ -181,7 +183,7 @@ def test_real_tasks_on_the_sample_remove_every_planted_passage(extracted, tmp_pa
     assert set(stats["tasks"]) == {"lambada", "boolq", "race_h", "piqa", "hellaswag", "winogrande", "anli_r2",
                                    "hans", "wic"}
     assert stats["index_entries"] > 1_000_000 and stats["index_total_bytes"] < 64 << 20
-    truth = json.loads((tmp_path / "data/sample/ground_truth.json").read_text())["documents"]
+    truth = json.loads((tmp_path / "data/sample/corpus/ground_truth.json").read_text())["documents"]
     out_text = " ".join(ni.words_of(" ".join(
         r["text"] for f in sorted((tmp_path / "data/decontaminate/shards").glob("*.parquet"))
         for r in pq.read_table(f, columns=["text"]).to_pylist())))

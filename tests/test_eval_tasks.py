@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from tasks.eval_tasks import TASK_NAMES, TaskFileError, load_task
+from tasks.evalsets.loaders import TASK_NAMES, TaskFileError, load_task
 
 EXPECTED = {"lambada": 5153, "boolq": 3270, "race_h": 3498, "piqa": 1838, "hellaswag": 10042,
             "winogrande": 1267, "anli_r2": 1000, "hans": 30000, "wic": 638}

@@ -7,11 +7,12 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.config import parse_params
-from tasks.extract import process
-from tasks.sandbox import TIMED_OUT, TimeLimitedWorker
-from tasks.shards import Shard
-from tasks.warc_writer import WarcBuilder, gz, http_response, record_bytes
+from tasks.core.config import parse_params
+from tasks.core.stage import Context
+from tasks.extract.stage import process
+from tasks.extract.sandbox import TIMED_OUT, TimeLimitedWorker
+from tasks.core.passes import Shard
+from tasks.sample.warc_writer import WarcBuilder, gz, http_response, record_bytes
 from tests.conftest import small_raw
 
 ARTICLE = ("<html><body><nav><a href='/'>Home</a> | <a href='/news'>News</a></nav><main><article>"
@@ -52,7 +53,7 @@ def nasty_warc(path: Path) -> None:
 def test_bad_inputs_are_counted_and_skipped(tmp_path):
     nasty_warc(tmp_path / "nasty.warc.gz")
     p = parse_params(small_raw(tmp_path / "data"))
-    st = process(Shard("nasty", (str(tmp_path / "nasty.warc.gz"),), "nasty.parquet"), tmp_path / "out.parquet", p, {})
+    st = process(Shard("nasty", (str(tmp_path / "nasty.warc.gz"),), "nasty.parquet"), tmp_path / "out.parquet", p, Context("extract", str(tmp_path)))
     rows = pq.read_table(tmp_path / "out.parquet").to_pylist()
     urls = [r["url"] for r in rows]
     assert urls == ["https://ok.example/1", "https://latin.example/", "https://mislabelled.example/",
@@ -75,14 +76,14 @@ def test_empty_and_garbage_files_do_not_crash(tmp_path):
     for name, data in [("empty.warc.gz", b""), ("junk.warc.gz", b"\x1f\x8b\x08" + b"\xff" * 500),
                        ("plain.warc", b"not a warc at all")]:
         (tmp_path / name).write_bytes(data)
-        st = process(Shard(name, (str(tmp_path / name),), "o.parquet"), tmp_path / f"{name}.parquet", p, {})
+        st = process(Shard(name, (str(tmp_path / name),), "o.parquet"), tmp_path / f"{name}.parquet", p, Context("extract", str(tmp_path)))
         assert st.docs_out == 0 and st.docs_in == sum(st.dropped.values())
 
 
 def test_per_document_time_limit_in_stage(tmp_path):
     nasty_warc(tmp_path / "n.warc.gz")
     p = parse_params(small_raw(tmp_path / "data", extract={"time_limit_s": 1e-6}))
-    st = process(Shard("n", (str(tmp_path / "n.warc.gz"),), "n.parquet"), tmp_path / "o.parquet", p, {})
+    st = process(Shard("n", (str(tmp_path / "n.warc.gz"),), "n.parquet"), tmp_path / "o.parquet", p, Context("extract", str(tmp_path)))
     assert st.dropped["extract_timeout"] >= 1
     assert st.docs_in == st.docs_out + sum(st.dropped.values())
 
@@ -114,13 +115,13 @@ def test_a_reused_worker_starts_each_call_with_a_fresh_clock():
 def test_trafilatura_option(extracted, tmp_path):
     p = parse_params(small_raw(tmp_path / "data", extract={"extractor": "trafilatura"}))
     warc = sorted((Path(extracted.paths.data_dir) / "download/shards").glob("*.warc.gz"))[0]
-    st = process(Shard("t", (str(warc),), "t.parquet"), tmp_path / "t.parquet", p, {})
+    st = process(Shard("t", (str(warc),), "t.parquet"), tmp_path / "t.parquet", p, Context("extract", str(tmp_path)))
     rows = pq.read_table(tmp_path / "t.parquet").to_pylist()
     assert st.docs_out >= 10 and all("Copyright" not in r["text"] for r in rows)
 
 
 def test_to_utf8_passes_valid_utf8_through_and_repairs_the_rest():
-    from tasks.html_text import to_utf8
+    from tasks.extract.html_text import to_utf8
 
     body = "café — ok".encode()
     same, repaired = to_utf8(body, "utf-8")
@@ -146,7 +147,7 @@ def test_sandbox_reports_a_result_that_is_not_plain_data_and_goes_on():
 
 
 def test_record_header_reads_what_the_full_parse_reads():
-    from tasks.warc_reader import _records
+    from tasks.extract.warc_reader import _records
 
     head = (b"WARC/1.0\r\nWARC-Type:  Response \r\nwarc-target-uri: https://a.example/x?y=1\r\n"
             b"Content-Type : application/http; msgtype=response\r\nX-Twice: 1\r\nX-Twice: 2\r\n"

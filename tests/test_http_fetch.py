@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from tasks.http_fetch import (DownloadError, RetryPolicy, UnsafePathError, fetch, gzip_complete,
+from tasks.download.http_fetch import (DownloadError, RetryPolicy, UnsafePathError, fetch, gzip_complete,
                               safe_filename, safe_url)
-from tasks.http_server import StaticHandler, StaticServer
+from tasks.sample.server import StaticHandler, StaticServer
 
 PAYLOAD = b"".join(gzip.compress(f"record {i} ".encode() * 2000, mtime=0) for i in range(20))
 FAST = RetryPolicy(retries=4, backoff_s=0.01, backoff_max_s=0.05, timeout_s=1.0)

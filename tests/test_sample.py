@@ -4,8 +4,8 @@ from __future__ import annotations
 import gzip
 import json
 
-from tasks.config import SampleParams
-from tasks.sample import generate
+from tasks.core.config import SampleParams
+from tasks.sample.generate import generate
 
 
 def test_sample_is_deterministic_and_complete(tmp_path, benchmarks_dir):

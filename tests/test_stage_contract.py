@@ -12,9 +12,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import yaml
 
-from tasks.config import parse_params
-from tasks.http_fetch import gzip_complete
-from tasks.stages import run_stage
+from tasks.core.config import parse_params
+from tasks.download.http_fetch import gzip_complete
+from tasks.core.runner import run_stage
 from tests.conftest import REPO, small_raw
 
 

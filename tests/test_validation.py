@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from tasks.config import parse_params
-from tasks.schema import DOC_SCHEMA
+from tasks.core.config import parse_params
+from tasks.core.schema import DOC_SCHEMA
 from tasks.validation import ExpectationFailed, validate_stage
 from tests.conftest import REPO, small_raw
 

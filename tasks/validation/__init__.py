@@ -1,22 +1,24 @@
-"""One great-expectations suite per stage, run on every output before the next stage starts."""
+"""One great-expectations suite per stage, run on every output before the next stage starts.
+
+A stage names its suite module in its declaration (`Stage.suite`); the module provides
+`expectations()` and `batches(p, outputs_dir)`."""
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
-from tasks.config import PipelineParams
-from tasks.validation import decontaminate, documents, download
+from tasks.core import registry
+from tasks.core.config import PipelineParams
 from tasks.validation.runner import ExpectationFailed, ValidationReport, run_suite
-
-SUITES = {"download": download, "extract": documents, "decontaminate": decontaminate}
 
 
 def validate_stage(stage: str, p: PipelineParams, raise_on_failure: bool = True) -> ValidationReport | None:
-    if stage not in SUITES:
+    st = registry.stage(stage)
+    if st.suite is None:
         return None  # the sample is the test fixture itself; it has no suite
-    suite = SUITES[stage]
-    data = Path(p.paths.data_dir)
-    return run_suite(stage, suite.expectations(), suite.batches(p, data / stage / "shards"), data / "docs",
-                     raise_on_failure)
+    suite = importlib.import_module(st.suite)
+    return run_suite(stage, suite.expectations(), suite.batches(p, st.outputs(p.paths.data_dir)),
+                     Path(p.paths.data_dir) / "docs", raise_on_failure)
 
 
-__all__ = ["ExpectationFailed", "ValidationReport", "validate_stage", "SUITES"]
+__all__ = ["ExpectationFailed", "ValidationReport", "validate_stage"]

@@ -7,25 +7,25 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from tasks import decontaminate
-from tasks.validation import documents
+from tasks.decontaminate.matching import batch_hits
+from tasks.decontaminate.stage import finished_index
+from tasks.validation import doc_checks
 
 
 def expectations() -> list:
     import great_expectations as gx
 
-    return documents.expectations(("task_ngram_hits",)) + [
+    return doc_checks.expectations(("task_ngram_hits",)) + [
         gx.expectations.ExpectColumnValuesToBeBetween(column="task_ngram_hits", min_value=0, max_value=0),
     ]
 
 
 def batches(p, shards_dir: Path):
-    rt = decontaminate.runtime_from_disk(p)
-    index, frequent = decontaminate.index_for(rt), decontaminate.frequent_entries(rt)
+    index, frequent = finished_index(p.paths.data_dir)
 
     def hits(table: pa.Table) -> dict:
-        doc, _, _, entry = decontaminate.batch_hits(index, table.column("text").to_pylist())
+        doc, _, _, entry = batch_hits(index, table.column("text").to_pylist())
         keep = ~np.isin(entry, frequent)
         return {"task_ngram_hits": np.bincount(doc[keep], minlength=table.num_rows).astype(np.int64)}
 
-    yield from documents.batches(p, shards_dir, hits)
+    yield from doc_checks.batches(p, shards_dir, hits)

@@ -6,7 +6,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 
-from tasks.http_fetch import gzip_complete
+from tasks.download.http_fetch import gzip_complete
 
 
 def expectations() -> list:

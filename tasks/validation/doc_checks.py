@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tasks.schema import COLUMNS
+from tasks.core.schema import COLUMNS
 
 
 def expectations(extra_columns: tuple[str, ...] = ()) -> list:

@@ -2,7 +2,7 @@
 
 `to_utf8` and `detect_lang` run in the stage's own process: they are linear-time C codecs and a
 fixed-length language model, so they need no time limit. `extract_main_text` is the only part that
-can spin on a pathological page, so it alone runs in the sandbox child (tasks.sandbox); keeping the
+can spin on a pathological page, so it alone runs in the sandbox child (tasks.extract.sandbox); keeping the
 child's work to exactly the extraction library's call keeps the critical path of a shard short
 while the parent reads the next WARC records on the other core.
 

@@ -15,17 +15,15 @@ from __future__ import annotations
 import gzip
 import json
 import random
-import shutil
 from pathlib import Path
 
 import zstandard
 
-from tasks.config import SampleParams
-from tasks.eval_tasks import TASK_NAMES, load_task
-from tasks.sample_html import page_html
-from tasks.sample_text import TOPICS, foreign_paragraphs, paragraphs, perturb, spam_paragraphs
-from tasks.shards import atomic_write_text
-from tasks.warc_writer import WarcBuilder, http_response
+from tasks.core.config import SampleParams
+from tasks.evalsets.loaders import TASK_NAMES, load_task
+from tasks.sample.html import page_html
+from tasks.sample.text import TOPICS, foreign_paragraphs, paragraphs, perturb, spam_paragraphs
+from tasks.sample.warc_writer import WarcBuilder, http_response
 
 KINDS = (("normal", 0.52), ("exact_dup", 0.07), ("near_dup", 0.10), ("spam", 0.09),
          ("non_english", 0.09), ("contaminated", 0.13))
@@ -120,15 +118,14 @@ def _special_records(w: WarcBuilder, host: str) -> list[dict]:
 
 
 def generate(p: SampleParams, out: Path, benchmarks_dir: str) -> dict:
-    """Write the sample tree to `out` (atomically: built beside it, then renamed into place)."""
+    """Write the sample tree into the (new or empty) folder `out`; return its summary."""
+    out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(p.seed)
     passages = _passages(benchmarks_dir, random.Random(p.seed + 1))
     corpus, truth = _Corpus(), []
     curated = _curated(rng, p, corpus, truth)
 
-    tmp = out.parent / f".tmp-{out.name}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    crawl_dir = tmp / "crawl-data" / p.crawl_id
+    crawl_dir = out / "crawl-data" / p.crawl_id
     warc_paths = []
     for f in range(p.n_warc_files):
         name = f"{p.crawl_id}-{SEGMENT.split('.')[0]}-{f:05d}.warc.gz"
@@ -144,23 +141,19 @@ def generate(p: SampleParams, out: Path, benchmarks_dir: str) -> dict:
             w.page(url, http_response(page_html(rng, title, paras, lang).encode("utf-8")))
             truth.append({**info, "warc": name, "text": "\n\n".join(paras)})
         truth.extend({**s, "warc": name} for s in _special_records(w, f"special{f}.example.org"))
-        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp / rel).write_bytes(w.getvalue())
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_bytes(w.getvalue())
         warc_paths.append(rel)
     (crawl_dir / "warc.paths.gz").write_bytes(gzip.compress(("\n".join(warc_paths) + "\n").encode(), mtime=0))
-    (tmp / "curated").mkdir()
+    (out / "curated").mkdir()
     for fname, data in curated.items():
-        (tmp / "curated" / fname).write_bytes(data)
+        (out / "curated" / fname).write_bytes(data)
     counts: dict[str, int] = {}
     for t in truth:
         counts[t["kind"]] = counts.get(t["kind"], 0) + 1
     summary = {"crawl_id": p.crawl_id, "warc_files": len(warc_paths), "documents": len(truth),
                "kinds": dict(sorted(counts.items())), "tasks_planted": sorted(passages)}
-    (tmp / "ground_truth.json").write_text(json.dumps({"summary": summary, "documents": truth}, indent=1))
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
-    atomic_write_text(out / "stats.json", json.dumps({"stage": "sample", **summary}, indent=2) + "\n")
+    (out / "ground_truth.json").write_text(json.dumps({"summary": summary, "documents": truth}, indent=1))
     return summary
 
 

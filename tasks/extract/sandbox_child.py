@@ -1,4 +1,4 @@
-"""The child side of tasks.sandbox: `python -m tasks.sandbox_child module:function`.
+"""The child side of tasks.extract.sandbox: `python -m tasks.extract.sandbox_child module:function`.
 
 Its own module so that the child imports nothing it does not use (the parent side pulls in
 subprocess, threading, select and typing: ~15 ms of a ~60 ms start, paid once per stage run).

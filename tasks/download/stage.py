@@ -2,7 +2,7 @@
 
 Shards: one per WARC file (output: the verified .warc.gz) and one per curated file (output: a
 Parquet shard in the document schema, `lang` still empty). In sample mode the built-in sample
-(data/sample) is served on 127.0.0.1 and downloaded through the same HTTP code as real data.
+(data/sample/corpus) is served on 127.0.0.1 and downloaded through the same HTTP code as real data.
 """
 from __future__ import annotations
 
@@ -17,14 +17,14 @@ from typing import Iterator
 
 import zstandard
 
-from tasks.config import PipelineParams
-from tasks.http_fetch import RetryPolicy, UnsafePathError, fetch, fetch_bytes, safe_filename, safe_url
-from tasks.http_server import StaticServer
-from tasks.sample import curated_files
-from tasks.schema import DocWriter
-from tasks.shards import Shard, ShardStats, StageLayout
-
-NAME = "download"
+from tasks.core.config import PipelineParams
+from tasks.core.passes import Shard, ShardStats
+from tasks.core.schema import DocWriter
+from tasks.core.stage import Context, ShardedPass, Stage
+from tasks.download.http_fetch import RetryPolicy, UnsafePathError, fetch, fetch_bytes, safe_filename, safe_url
+from tasks.sample.generate import curated_files
+from tasks.sample.server import StaticServer
+from tasks.sample.stage import STAGE as SAMPLE
 
 
 def stage_params(p: PipelineParams) -> dict:
@@ -40,12 +40,10 @@ def policy(p: PipelineParams) -> RetryPolicy:
 
 
 @contextlib.contextmanager
-def runtime(p: PipelineParams) -> Iterator[dict]:
-    """Where to download from. Sample mode serves data/sample on loopback for the stage's duration."""
+def environment(p: PipelineParams) -> Iterator[dict]:
+    """Where to download from. Sample mode serves the sample corpus on loopback for the stage's duration."""
     if p.download.source == "sample":
-        root = Path(p.paths.data_dir) / "sample"
-        if not (root / "crawl-data").is_dir():
-            raise FileNotFoundError(f"{root}: no sample crawl; run the `sample` stage first")
+        root = SAMPLE.outputs(p.paths.data_dir)
         with StaticServer(root) as url:
             yield {"base_url": url, "crawl_id": p.sample.crawl_id, "served_root": str(root)}
     else:
@@ -59,9 +57,10 @@ def select(paths: list[str], n: int, how: str, seed: int) -> list[str]:
     return [paths[i] for i in keep]
 
 
-def plan(p: PipelineParams, rt: dict, layout: StageLayout) -> list[Shard]:
+def plan(p: PipelineParams, ctx: Context) -> list[Shard]:
+    rt = ctx.env
     listing = f"crawl-data/{rt['crawl_id']}/warc.paths.gz"
-    raw = fetch_bytes(safe_url(rt["base_url"], listing), policy(p), layout.root / ".warc.paths.gz.part")
+    raw = fetch_bytes(safe_url(rt["base_url"], listing), policy(p), ctx.root / ".tmp-warc.paths.gz.part")
     paths = [ln.strip() for ln in gzip.decompress(raw).decode("utf-8").splitlines() if ln.strip()]
     shards, names = [], set()
     for rel in select(paths, p.download.n_files, p.download.selection, p.download.seed):
@@ -74,7 +73,7 @@ def plan(p: PipelineParams, rt: dict, layout: StageLayout) -> list[Shard]:
         local = rt.get("served_root")
         inputs = (rel, str(Path(local) / rel)) if local else (rel,)
         shards.append(Shard(name=f"warc-{name}", inputs=inputs, output=name))
-    sources = [(str(f), None) for f in curated_files(Path(p.paths.data_dir) / "sample")] \
+    sources = [(str(f), None) for f in curated_files(SAMPLE.outputs(p.paths.data_dir))] \
         if p.download.source == "sample" else []
     for c in p.download.curated:
         matches = sorted(glob.glob(c.path)) or [c.path]
@@ -88,10 +87,10 @@ def plan(p: PipelineParams, rt: dict, layout: StageLayout) -> list[Shard]:
     return shards
 
 
-def process(shard: Shard, tmp: Path, p: PipelineParams, rt: dict) -> ShardStats:
+def process(shard: Shard, tmp: Path, p: PipelineParams, ctx: Context) -> ShardStats:
     if shard.name.startswith("curated-"):
         return ingest_curated(Path(shard.inputs[0]), tmp, shard.tag or None)
-    rep = fetch(safe_url(rt["base_url"], shard.inputs[0]), tmp, policy(p))
+    rep = fetch(safe_url(ctx.env["base_url"], shard.inputs[0]), tmp, policy(p))
     st = ShardStats(docs_in=1, docs_out=1, bytes_in=rep.bytes, bytes_out=rep.bytes)
     st.extra = {"http_attempts": rep.attempts, "range_resumes": rep.range_resumes,
                 "truncated_gzip_restarts": rep.restarts_truncated_gzip}
@@ -129,3 +128,13 @@ def ingest_curated(path: Path, out: Path, dataset: str | None) -> ShardStats:
                      "crawl": "", "lang": "", "lang_score": 0.0})
     st.docs_out, st.bytes_out = w.docs, w.text_bytes
     return st
+
+
+STAGE = Stage(
+    name="download", section="download",
+    input=lambda p: SAMPLE.name if p.download.source == "sample" else None,
+    doc="Download WARC files (Common Crawl or the served sample) and ingest curated datasets.",
+    passes=(ShardedPass("fetch", plan=plan, process=process, params=stage_params),),
+    suite="tasks.validation.download",
+    environment=environment,
+)

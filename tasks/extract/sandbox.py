@@ -1,7 +1,7 @@
 """Run a function on many items in a child process, with a time limit per item.
 
 Extraction libraries (C++ or pure Python) can spin on a pathological page; neither a thread nor
-SIGALRM can stop native code, so extraction runs in a child process (`python -m tasks.sandbox_child`)
+SIGALRM can stop native code, so extraction runs in a child process (`python -m tasks.extract.sandbox_child`)
 that the parent kills and restarts when one item overruns. The child is a plain interpreter, not
 multiprocessing, so it never re-imports the caller's __main__ (stdin, notebooks, Prefect workers).
 Items are pipelined (up to MAX_ITEMS / WINDOW_BYTES in flight) so the parent reads ahead while
@@ -20,7 +20,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from tasks.sandbox_child import READY, frame, read_frame, write_frame
+from tasks.extract.sandbox_child import READY, frame, read_frame, write_frame
 
 TIMED_OUT = "timed out"
 WINDOW_BYTES = 4 << 20
@@ -81,7 +81,7 @@ class TimeLimitedWorker:
     def _start(self) -> None:
         """Launch without waiting: items queue in the pipe while the child imports; its first
         frame (READY) is consumed in map(), and no item's clock runs before it."""
-        self.proc = subprocess.Popen([sys.executable, "-S", "-m", "tasks.sandbox_child", self.target],
+        self.proc = subprocess.Popen([sys.executable, "-S", "-m", "tasks.extract.sandbox_child", self.target],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, env=_child_env())
         os.set_blocking(self.proc.stdin.fileno(), False)
         for f in (self.proc.stdin, self.proc.stdout):

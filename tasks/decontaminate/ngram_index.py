@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.eval_tasks import TaskData
+from tasks.evalsets.loaders import TaskData
 
 PUNCT = re.compile(r"[^\w\s]|_")
 KEPT_TOKEN = re.compile(r"\S*?[^\W_]\S*")  # exactly the whitespace tokens that survive PUNCT removal

@@ -3,7 +3,7 @@
 Per WARC shard: every record is either a document or a drop counted under its reason, so
 docs_in == docs_out + sum(dropped). Curated shards from `download` pass through language ID.
 Only the extraction library's call runs in a child process with a per-document time limit
-(tasks.sandbox), so one pathological page cannot stall a shard; charset repair and language ID are
+(tasks.extract.sandbox), so one pathological page cannot stall a shard; charset repair and language ID are
 linear-time and run here, overlapping the child's work on the previous pages.
 """
 from __future__ import annotations
@@ -11,14 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterator
 
-from tasks.config import PipelineParams
-from tasks.html_text import detect_lang, to_utf8
-from tasks.sandbox import TIMED_OUT, worker_for
-from tasks.schema import DocWriter, iter_docs
-from tasks.shards import Shard, ShardStats, StageLayout
-from tasks.warc_reader import Record, iter_warc, parse_http
-
-NAME = "extract"
+from tasks.core.config import PipelineParams
+from tasks.core.passes import Shard, ShardStats
+from tasks.core.schema import DocWriter, iter_docs
+from tasks.core.stage import Context, ShardedPass, Stage, fixed
+from tasks.extract.html_text import detect_lang, to_utf8
+from tasks.extract.sandbox import TIMED_OUT, worker_for
+from tasks.extract.warc_reader import Record, iter_warc, parse_http
 HTML_TYPES = ("text/html", "application/xhtml+xml")
 
 
@@ -31,12 +30,9 @@ def stage_params(p: PipelineParams) -> dict:
     return {**p.extract.model_dump(mode="json"), "crawl_id": crawl_id(p)}
 
 
-def plan(p: PipelineParams, rt: dict, layout: StageLayout) -> list[Shard]:
-    src = Path(p.paths.data_dir) / "download" / "shards"
-    if not src.is_dir():
-        raise FileNotFoundError(f"{src}: no download output; run the `download` stage first")
+def plan(p: PipelineParams, ctx: Context) -> list[Shard]:
     shards = []
-    for f in sorted(src.iterdir()):
+    for f in sorted(ctx.input_shards.iterdir()):
         if f.name.endswith(".warc.gz") or f.name.endswith(".warc"):
             stem = f.name.removesuffix(".gz").removesuffix(".warc")
             shards.append(Shard(name=stem, inputs=(str(f),), output=f"{stem}.parquet"))
@@ -99,7 +95,7 @@ def _skip_reason(rec: Record) -> str | None:
 def _extract_warc(shard: Shard, tmp: Path, p: PipelineParams) -> ShardStats:
     st, meta = ShardStats(), []
     path, crawl = Path(shard.inputs[0]), crawl_id(p)
-    worker = worker_for("tasks.html_text:extract_main_text")
+    worker = worker_for("tasks.extract.html_text:extract_main_text")
     with DocWriter(tmp) as w:
         for k, (ok, text) in enumerate(worker.map(_candidates(path, p, st, meta), p.extract.time_limit_s)):
             rec_index, url, repaired = meta[k]
@@ -130,7 +126,15 @@ def _langid_curated(shard: Shard, tmp: Path, p: PipelineParams) -> ShardStats:
     return st
 
 
-def process(shard: Shard, tmp: Path, p: PipelineParams, rt: dict) -> ShardStats:
+def process(shard: Shard, tmp: Path, p: PipelineParams, ctx: Context) -> ShardStats:
     if shard.inputs[0].endswith(".parquet"):
         return _langid_curated(shard, tmp, p)
     return _extract_warc(shard, tmp, p)
+
+
+STAGE = Stage(
+    name="extract", section="extract", input=fixed("download"),
+    doc="WARC -> main text + language ID -> Parquet document shards.",
+    passes=(ShardedPass("extract", plan=plan, process=process, params=stage_params),),
+    suite="tasks.validation.extract",
+)

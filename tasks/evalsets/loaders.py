@@ -270,3 +270,9 @@ def load_task(name: str, root: str | Path, fewshot: bool = False) -> TaskData:
 
 def load_tasks(names: tuple[str, ...] | list[str], root: str | Path, fewshot: bool = False) -> list[TaskData]:
     return [load_task(n, root, fewshot) for n in names]
+
+
+def task_files(root: str | Path) -> list[str]:
+    """Every file under the benchmarks folder: what a pass built from the tasks fingerprints."""
+    root = Path(root)
+    return sorted(str(f) for f in root.rglob("*") if f.is_file()) if root.is_dir() else []

@@ -12,9 +12,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-
-class ConfigError(ValueError):
-    """One clear message naming the offending key(s) and what was expected."""
+from tasks.core.errors import ConfigError
 
 
 class Strict(BaseModel):
@@ -59,7 +57,7 @@ class CuratedSource(Strict):
 class DownloadParams(Strict):
     source: Literal["sample", "commoncrawl"] = Field(
         "sample",
-        description="sample: serve data/sample on 127.0.0.1 and download it over real HTTP.",
+        description="sample: serve data/sample/corpus on 127.0.0.1 and download it over real HTTP.",
     )
     base_url: str = Field("https://data.commoncrawl.org", pattern=r"^https?://[^\s]+$")
     crawl_id: str = Field("CC-MAIN-2020-50", pattern=r"^CC-MAIN-\d{4}-\d{2}$")

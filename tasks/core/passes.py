@@ -1,0 +1,262 @@
+"""Completion markers and atomic outputs: the guarantees every pass of every stage gets.
+
+A **sharded** pass writes one output file per shard::
+
+    <pass dir>/shards/<output>              the shard's output
+    <pass dir>/completions/<name>.json      marker: size, sha256, fingerprint, the shard's stats
+
+A **global** pass writes one output folder from everything before it::
+
+    <stage dir>/<pass>/                     the folder (an index, a table, a tokenizer, ...)
+    <stage dir>/<pass>.done.json            marker: per-file sha256, fingerprint, the pass's report
+
+Outputs are written to a hidden temp path beside the final one and renamed into place; only then
+is the marker written (also atomically). A `kill -9` at any moment leaves either no output, an
+output without a marker (redone), or output + marker (skipped when valid). "Valid" means the
+fingerprint (parameters, inputs, the digests of the passes before) is unchanged and the bytes on
+disk still hash to what the marker recorded; an output whose bytes changed is redone and counted
+as `redone_corrupt`.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+
+@dataclass(frozen=True)
+class Shard:
+    name: str  # unique within the pass; names the output and the marker
+    inputs: tuple[str, ...]  # local paths or URLs the shard reads
+    output: str  # file name under shards/
+    tag: str = ""  # stage-specific detail (e.g. a curated dataset's name override)
+
+
+@dataclass
+class ShardStats:
+    docs_in: int = 0
+    docs_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    dropped: Counter = field(default_factory=Counter)
+    extra: dict = field(default_factory=dict)  # stage-specific counters (summed on merge)
+
+    def drop(self, reason: str, n: int = 1) -> None:
+        self.dropped[reason] += n
+
+    def to_dict(self) -> dict:
+        return {
+            "docs_in": self.docs_in,
+            "docs_out": self.docs_out,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "dropped": dict(sorted(self.dropped.items())),
+            **({"extra": dict(sorted(self.extra.items()))} if self.extra else {}),
+        }
+
+
+def merge_stats(parts: list[dict]) -> dict:
+    total = {"docs_in": 0, "docs_out": 0, "bytes_in": 0, "bytes_out": 0, "seconds": 0.0}
+    dropped: Counter = Counter()
+    extra: Counter = Counter()
+    for p in parts:
+        for k in ("docs_in", "docs_out", "bytes_in", "bytes_out", "seconds"):
+            total[k] += p.get(k, 0)
+        dropped.update(p.get("dropped", {}))
+        extra.update(p.get("extra", {}))
+    total["seconds"] = round(total["seconds"], 3)
+    total["dropped"] = dict(sorted(dropped.items()))
+    if extra:
+        total["extra"] = dict(sorted(extra.items()))
+    return total
+
+
+class PassLayout:
+    """Where one sharded pass keeps its outputs and markers."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.shards = root / "shards"
+        self.completions = root / "completions"
+
+    def prepare(self) -> None:
+        self.shards.mkdir(parents=True, exist_ok=True)
+        self.completions.mkdir(parents=True, exist_ok=True)
+        for d in (self.shards, self.completions):  # leftovers of a killed run
+            for tmp in d.glob(".tmp-*"):
+                tmp.unlink(missing_ok=True)
+
+    def marker(self, shard: Shard) -> Path:
+        return self.completions / f"{shard.name}.json"
+
+    def output(self, shard: Shard) -> Path:
+        return self.shards / shard.output
+
+    def outputs(self) -> list[Path]:
+        return sorted(p for p in self.shards.iterdir() if not p.name.startswith(".tmp-"))
+
+
+def tmp_name(final: Path) -> Path:
+    return final.parent / f".tmp-{final.name}-{os.getpid()}-{time.monotonic_ns()}"
+
+
+@contextlib.contextmanager
+def atomic_path(final: Path) -> Iterator[Path]:
+    """Yield a temp path beside `final`; rename it into place only if the block succeeds."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tmp_name(final)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_text(final: Path, text: str) -> None:
+    with atomic_path(final) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def tree_files(root: Path) -> dict[str, str]:
+    """Relative path -> sha256 of every file under `root` (sorted, so the dict is canonical)."""
+    return {str(f.relative_to(root)): file_sha256(f) for f in sorted(root.rglob("*")) if f.is_file()}
+
+
+def digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def input_stat(paths) -> list:
+    """Each local input's size and modification time (remote inputs count by name only)."""
+    seen = []
+    for i in paths:
+        p = Path(i)
+        st = p.stat() if "://" not in i and p.exists() else None
+        seen.append([st.st_size, st.st_mtime_ns] if st else None)
+    return seen
+
+
+def fingerprint(pass_params: dict, shard: Shard, upstream: str = "") -> str:
+    """What a shard's output depends on: the pass parameters, each input's size and mtime (a
+    rewritten input redoes the shard), and the digest of the passes before it in the stage."""
+    return digest([pass_params, shard.inputs, input_stat(shard.inputs), shard.output, shard.tag, upstream])
+
+
+def _read_marker(marker: Path) -> dict | None:
+    try:
+        return json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+ShardFn = Callable[[Shard, Path], ShardStats]
+
+
+def run_shard(layout: PassLayout, shard: Shard, fn: ShardFn, pass_params: dict, upstream: str = "") -> dict:
+    """Run `fn(shard, tmp_output)` unless a valid completion marker says it is done."""
+    out, marker = layout.output(shard), layout.marker(shard)
+    fp = fingerprint(pass_params, shard, upstream)
+    done = _read_marker(marker) if marker.exists() and out.exists() else None
+    corrupt = 0
+    if done and done.get("fingerprint") == fp:
+        if done.get("bytes") == out.stat().st_size and file_sha256(out) == done.get("sha256"):
+            return {**done["stats"], "seconds": 0.0, "resumed": 1, "sha256": done["sha256"]}
+        corrupt = 1  # same inputs and params, other bytes: the file changed on disk since
+    marker.unlink(missing_ok=True)
+    start = time.perf_counter()
+    with atomic_path(out) as tmp:
+        stats = fn(shard, tmp).to_dict()
+    seconds = round(time.perf_counter() - start, 4)
+    record = {
+        "shard": shard.name,
+        "output": shard.output,
+        "bytes": out.stat().st_size,
+        "sha256": file_sha256(out),
+        "fingerprint": fp,
+        "stats": stats,
+    }
+    atomic_write_text(marker, json.dumps(record, indent=1, sort_keys=True))
+    return {**stats, "seconds": seconds, "redone_corrupt": corrupt, "sha256": record["sha256"]}
+
+
+def shards_digest(parts: list[dict], shards: list[Shard]) -> str:
+    """The content digest of a finished sharded pass (what later passes fingerprint)."""
+    return digest([[s.name, p["sha256"]] for s, p in zip(shards, parts)])
+
+
+def prune(layout: PassLayout, shards: list[Shard]) -> None:
+    """Drop outputs and markers no longer planned (e.g. fewer input shards after a param change)."""
+    planned = {s.output for s in shards}
+    for p in layout.outputs():
+        if p.name not in planned:
+            p.unlink()
+    names = {f"{s.name}.json" for s in shards}
+    for m in layout.completions.glob("*.json"):
+        if m.name not in names:
+            m.unlink()
+
+
+def _remove_tree(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+GlobalFn = Callable[[Path], dict]
+
+
+def run_global(out: Path, marker: Path, fn: GlobalFn, fp: str) -> dict:
+    """Run `fn(tmp_folder) -> report` unless a valid marker says `out` is done; the folder is
+    built beside `out` and swapped in whole, then the marker (with every file's sha256) follows."""
+    done = _read_marker(marker) if marker.exists() and out.is_dir() else None
+    corrupt = 0
+    if done and done.get("fingerprint") == fp:
+        if tree_files(out) == done.get("files"):
+            return {"report": done.get("report", {}), "digest": done["digest"], "seconds": 0.0, "resumed": 1}
+        corrupt = 1
+    marker.unlink(missing_ok=True)
+    start = time.perf_counter()
+    tmp, old = tmp_name(out), tmp_name(out.with_name(out.name + "-old"))
+    tmp.mkdir(parents=True)
+    try:
+        report = fn(tmp)
+        for f in tmp.rglob("*"):
+            if f.is_file():
+                with open(f, "rb+") as fh:
+                    os.fsync(fh.fileno())
+        if out.exists():
+            os.rename(out, old)  # a kill here leaves no `out` and no marker: redone next time
+        os.rename(tmp, out)
+    finally:
+        _remove_tree(tmp)
+        _remove_tree(old)
+    files = tree_files(out)
+    record = {"pass": out.name, "fingerprint": fp, "files": files, "digest": digest(files), "report": report}
+    atomic_write_text(marker, json.dumps(record, indent=1, sort_keys=True))
+    return {"report": report, "digest": record["digest"], "seconds": round(time.perf_counter() - start, 4),
+            "resumed": 0, "redone_corrupt": corrupt}
+
+
+def remove_leftovers(folder: Path) -> None:
+    """Temp files and folders a killed run left directly in `folder`."""
+    if folder.is_dir():
+        for tmp in folder.glob(".tmp-*"):
+            _remove_tree(tmp)

@@ -1,0 +1,114 @@
+"""`run_stage(name, params)`: the one entry point every orchestrator calls.
+
+It walks the stage's declared passes in order. `dvc repro` reaches it through `python -m tasks
+<stage>`, Prefect through flows/, both with the same params model; only the way a sharded pass's
+shards are mapped differs (sequentially here, through a Prefect task runner in flows/).
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+from tasks.core import registry
+from tasks.core.config import PipelineParams
+from tasks.core.errors import UnfinishedInput
+from tasks.core.passes import (PassLayout, Shard, atomic_write_text, digest, input_stat, merge_stats, prune,
+                               remove_leftovers, run_global, run_shard, shards_digest)
+from tasks.core.stage import Context, GlobalPass, ShardedPass, Stage
+
+MapShards = Callable[[str, str, PipelineParams, list[Shard], Context], list[dict]]
+
+
+def process_shard(stage: str, pass_name: str, p: PipelineParams, shard: Shard, ctx: Context) -> dict:
+    """Run one shard of a sharded pass (picklable: process and Dask workers call this too)."""
+    st = registry.stage(stage)
+    ps = st.pass_named(pass_name)
+    layout = PassLayout(st.pass_root(p.paths.data_dir, ps))
+    return run_shard(layout, shard, lambda s, tmp: ps.process(s, tmp, p, ctx), ps.params(p), ctx.upstream())
+
+
+def map_sequential(stage: str, pass_name: str, p: PipelineParams, shards: list[Shard], ctx: Context) -> list[dict]:
+    return [process_shard(stage, pass_name, p, s, ctx) for s in shards]
+
+
+def stats_path(p: PipelineParams, stage: str) -> Path:
+    return Path(p.paths.data_dir) / stage / "stats.json"
+
+
+def require_complete(p: PipelineParams, stage: str, needed_by: str) -> None:
+    """A stage's stats.json is removed when it starts and written when it ends: its presence is
+    what "completed" means, so no stage ever reads a half-finished input."""
+    if not stats_path(p, stage).is_file():
+        raise UnfinishedInput(f"stage '{needed_by}' needs stage '{stage}' completed "
+                              f"({stats_path(p, stage)} missing): run `python -m tasks {stage}` first")
+
+
+def _run_sharded(st: Stage, ps: ShardedPass, p: PipelineParams, ctx: Context, map_shards: MapShards):
+    layout = PassLayout(st.pass_root(p.paths.data_dir, ps))
+    layout.prepare()
+    shards = ps.plan(p, ctx)
+    parts = map_shards(st.name, ps.name, p, shards, ctx)
+    prune(layout, shards)
+    summary = {"kind": "sharded", "shards": len(shards), "resumed": sum(x.get("resumed", 0) for x in parts),
+               "redone_corrupt": sum(x.get("redone_corrupt", 0) for x in parts)}
+    return shards, parts, shards_digest(parts, shards), summary
+
+
+def _run_global(st: Stage, ps: GlobalPass, p: PipelineParams, ctx: Context):
+    out = st.pass_root(p.paths.data_dir, ps)
+    inputs = ps.inputs(p, ctx)
+    fp = digest([ps.params(p), inputs, input_stat(inputs), ctx.upstream()])
+    res = run_global(out, out.with_name(f"{out.name}.done.json"), lambda tmp: ps.build(tmp, p, ctx), fp)
+    summary = {"kind": "global", "resumed": res["resumed"], "redone_corrupt": res.get("redone_corrupt", 0)}
+    return res["report"], res["digest"], summary
+
+
+def run_stage(name: str, p: PipelineParams, map_shards: MapShards = map_sequential) -> dict:
+    st = registry.stage(name)
+    root = Path(p.paths.data_dir) / name
+    root.mkdir(parents=True, exist_ok=True)
+    stats_path(p, name).unlink(missing_ok=True)  # not complete until this run writes it again
+    remove_leftovers(root)
+    input_stage = st.input(p)
+    if input_stage is not None:
+        require_complete(p, input_stage, name)
+    start = time.perf_counter()
+    passes, reports, docs = [], {}, None
+    with st.environment(p) as env:
+        ctx = Context(name, str(p.paths.data_dir), input_stage, env=env)
+        for ps in st.passes:
+            t0 = time.perf_counter()
+            if isinstance(ps, ShardedPass):
+                shards, parts, dig, summary = _run_sharded(st, ps, p, ctx, map_shards)
+                docs = (shards, parts)  # the last sharded pass's documents are the stage's counts
+            else:
+                report, dig, summary = _run_global(st, ps, p, ctx)
+                reports.update(report)
+            passes.append({"name": ps.name, **summary, "seconds": round(time.perf_counter() - t0, 3)})
+            ctx = replace(ctx, digests={**ctx.digests, ps.name: dig})
+    stats = {"stage": name, "passes": passes, **reports}
+    if docs is not None:
+        shards, parts = docs
+        stats.update(shards=len(shards), **merge_stats(parts))
+        stats["resumed_shards"] = sum(x.get("resumed", 0) for x in parts)
+        stats["redone_corrupt"] = sum(x.get("redone_corrupt", 0) for x in parts)
+    stats["wall_seconds"] = round(time.perf_counter() - start, 3)
+    if st.report is not None:  # stage-specific summary computed from the merged totals
+        stats.update(st.report(stats))
+    atomic_write_text(stats_path(p, name), json.dumps(stats, indent=2, sort_keys=True) + "\n")
+    return stats
+
+
+def adopt_outputs(p: PipelineParams, stage: str) -> dict:
+    """Declare shards placed in a stage's output folder by hand (documents made elsewhere, a
+    benchmark corpus) to be that stage's completed output, so the stages after it accept them."""
+    out = registry.stage(stage).outputs(p.paths.data_dir)
+    files = sorted(f.name for f in out.iterdir() if not f.name.startswith(".tmp-")) if out.is_dir() else []
+    if not files:
+        raise UnfinishedInput(f"stage '{stage}': nothing to adopt in {out}")
+    stats = {"stage": stage, "adopted": True, "shards": len(files)}
+    atomic_write_text(stats_path(p, stage), json.dumps(stats, indent=2, sort_keys=True) + "\n")
+    return stats

@@ -1,0 +1,128 @@
+"""How a stage is declared: a name, its params section, its input stage, and an ordered list of
+passes. The runner (tasks.core.runner) walks any stage the same way; nothing is probed.
+
+    Stage("decontaminate", section="decontaminate", input=from_params(...),
+          passes=(GlobalPass("index", ...), ShardedPass("count", ...),
+                  GlobalPass("frequent", ...), ShardedPass("remove", ...)))
+
+The **last** pass is the stage's output: a sharded last pass writes `data/<stage>/shards/` (the
+DVC `outs`), a global last pass writes `data/<stage>/<pass>/`. Earlier sharded passes write under
+`data/<stage>/<pass>/shards/`. Every pass is resumable and fingerprinted (tasks.core.passes).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, ContextManager, Iterator, Mapping, Union
+
+from tasks.core.config import PipelineParams
+from tasks.core.passes import Shard, ShardStats
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a pass sees besides the parameters: where things are, what the stage's environment
+    provides (e.g. the URL the sample is served on), and the content digests of the passes that
+    already finished in this run. Plain data, so process and Dask workers receive it too."""
+
+    stage: str
+    data_dir: str
+    input_stage: str | None = None
+    env: Mapping = field(default_factory=dict)
+    digests: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def root(self) -> Path:
+        return Path(self.data_dir) / self.stage
+
+    @property
+    def input_shards(self) -> Path:
+        """The input stage's output shards."""
+        if self.input_stage is None:
+            raise ValueError(f"stage {self.stage!r} has no input stage")
+        return Path(self.data_dir) / self.input_stage / "shards"
+
+    def pass_dir(self, name: str) -> Path:
+        """The folder of an earlier pass: a global pass's output, or a sharded pass's
+        shards/ + completions/ (the stage's output pass writes to the stage folder itself)."""
+        return self.root / name
+
+    def upstream(self) -> str:
+        """One digest of every pass finished before the current one (part of its fingerprint)."""
+        return ",".join(f"{k}={v}" for k, v in self.digests.items())
+
+
+Plan = Callable[[PipelineParams, Context], list[Shard]]
+Process = Callable[[Shard, Path, PipelineParams, Context], ShardStats]
+Build = Callable[[Path, PipelineParams, Context], dict]
+PassParams = Callable[[PipelineParams], dict]
+
+
+@dataclass(frozen=True)
+class ShardedPass:
+    """One resumable output per planned shard."""
+
+    name: str
+    plan: Plan  # the shards to write (usually one per input shard)
+    process: Process  # writes one shard's output to the temp path it is given
+    params: PassParams  # what the outputs depend on, for the fingerprint
+
+
+@dataclass(frozen=True)
+class GlobalPass:
+    """One atomic output folder computed from everything before it."""
+
+    name: str
+    build: Build  # writes into the temp folder it is given; returns its report (stats.json)
+    params: PassParams
+    inputs: Callable[[PipelineParams, Context], list[str]] = lambda p, ctx: []  # files read besides earlier passes
+
+
+Pass = Union[ShardedPass, GlobalPass]
+
+
+@contextlib.contextmanager
+def no_environment(p: PipelineParams) -> Iterator[dict]:
+    yield {}
+
+
+def fixed(name: str | None) -> Callable[[PipelineParams], str | None]:
+    """An input stage that does not depend on the parameters."""
+    return lambda p: name
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    section: str  # its params.yaml section
+    doc: str  # one line: what the stage does (the flow's description)
+    input: Callable[[PipelineParams], str | None]  # the stage whose shards it reads
+    passes: tuple[Pass, ...]
+    suite: str | None = None  # module of its expectation suite (tasks.validation.<stage>)
+    environment: Callable[[PipelineParams], ContextManager[dict]] = no_environment
+    report: Callable[[dict], dict] | None = None  # stats.json additions from the merged totals
+
+    def __post_init__(self):
+        names = [p.name for p in self.passes]
+        if not names or len(set(names)) != len(names) or {"shards", "completions"} & set(names):
+            raise ValueError(f"stage {self.name}: passes need unique names other than shards/completions")
+
+    def pass_named(self, name: str) -> Pass:
+        return next(p for p in self.passes if p.name == name)
+
+    def output_pass(self) -> Pass:
+        return self.passes[-1]
+
+    def pass_root(self, data_dir: str | Path, pass_: Pass) -> Path:
+        """A sharded pass's folder (holding shards/ and completions/), or a global pass's output."""
+        root = Path(data_dir) / self.name
+        if isinstance(pass_, ShardedPass) and pass_ is self.output_pass():
+            return root
+        return root / pass_.name
+
+    def outputs(self, data_dir: str | Path) -> Path:
+        """What the next stage reads (and DVC tracks)."""
+        last = self.output_pass()
+        return self.pass_root(data_dir, last) / "shards" if isinstance(last, ShardedPass) \
+            else self.pass_root(data_dir, last)

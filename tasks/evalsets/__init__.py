@@ -1,0 +1,1 @@
+"""Loaders for the nine evaluation tasks, shared by decontamination and evaluation."""

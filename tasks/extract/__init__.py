@@ -1,0 +1,1 @@
+"""Stage `extract`: WARC records -> main text (time-limited sandbox) -> language ID."""

@@ -1,0 +1,145 @@
+"""Stages as declared passes: global passes get the same guarantees as shards (atomic output,
+marker with fingerprint, kill -9 then rerun gives the same bytes), resume verifies content, and
+no stage starts on an input stage that has not completed."""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from tasks.core.config import parse_params
+from tasks.core.passes import run_global, tree_files
+from tasks.core.runner import run_stage
+from tests.conftest import REPO, small_raw
+
+
+def _build(tmp: Path, die_after: int | None = None) -> dict:
+    for i in range(4):
+        if die_after is not None and i == die_after:
+            os.kill(os.getpid(), signal.SIGKILL)  # as a kill -9 from outside, mid-build
+        (tmp / f"part-{i}.bin").write_bytes(bytes([i]) * 1000)
+    return {"parts": 4}
+
+
+def _killed_build(out: str, die_after: int) -> None:
+    run_global(Path(out), Path(out + ".done.json"), lambda tmp: _build(tmp, die_after), "fp")
+
+
+def test_global_pass_killed_mid_build_leaves_nothing_and_reruns_to_the_same_bytes(tmp_path):
+    ref = tmp_path / "ref" / "table"
+    assert run_global(ref, ref.with_name("table.done.json"), _build, "fp")["resumed"] == 0
+    out = tmp_path / "work" / "table"
+    marker = out.with_name("table.done.json")
+    ctx = multiprocessing.get_context("fork")
+    for die_after in (0, 2, 3):
+        proc = ctx.Process(target=_killed_build, args=(str(out), die_after))
+        proc.start()
+        proc.join()
+        assert proc.exitcode == -signal.SIGKILL
+        assert not out.exists() and not marker.exists()  # only a hidden temp folder is left
+    first = run_global(out, marker, _build, "fp")
+    assert first["resumed"] == 0 and tree_files(out) == tree_files(ref)
+    assert run_global(out, marker, _build, "fp")["resumed"] == 1
+
+    # an output without its marker (a kill between rename and marker) is rebuilt
+    marker.unlink()
+    (out / "part-0.bin").write_bytes(b"half")
+    assert run_global(out, marker, _build, "fp")["resumed"] == 0 and tree_files(out) == tree_files(ref)
+    # changed bytes under a valid marker: redone and counted; changed fingerprint: redone
+    (out / "part-1.bin").write_bytes(b"flipped")
+    assert run_global(out, marker, _build, "fp")["redone_corrupt"] == 1 and tree_files(out) == tree_files(ref)
+    assert run_global(out, marker, _build, "other-params")["resumed"] == 0
+
+
+def cli(root: Path, stage: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen([sys.executable, "-m", "tasks", stage], cwd=root, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+
+
+def content(stage_dir: Path) -> dict:
+    return {str(f.relative_to(stage_dir)): f.read_bytes() for f in sorted(stage_dir.rglob("*"))
+            if f.is_file() and "completions" not in f.parts and not f.name.endswith(("done.json", "stats.json"))}
+
+
+def test_kill_9_during_the_index_pass_then_rerun_is_byte_identical(tmp_path):
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(small_raw(tmp_path / "data")))
+    for stage in ("sample", "download", "extract", "decontaminate"):
+        assert cli(tmp_path, stage).wait() == 0
+    stage_dir = tmp_path / "data" / "decontaminate"
+    reference = content(stage_dir)
+    assert {"index/hashes.npy", "index/meta.json", "frequent/frequent.npy"} <= set(reference)
+    for f in stage_dir.rglob("*.done.json"):
+        f.unlink()  # the global passes must run again; the kill lands while the index is built
+    killed_mid_index = 0
+    for _ in range(3):
+        proc = cli(tmp_path, "decontaminate")
+        while proc.poll() is None and not any(stage_dir.glob(".tmp-index-*")):
+            time.sleep(0.005)
+        time.sleep(0.2)
+        if proc.poll() is None:
+            killed_mid_index += any(stage_dir.glob(".tmp-index-*"))
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        assert not (stage_dir / "index.done.json").exists() or (stage_dir / "index").is_dir()
+        assert not (stage_dir / "stats.json").exists()  # an interrupted stage never looks complete
+    assert killed_mid_index >= 1, "no kill landed inside the index pass"
+    proc = cli(tmp_path, "decontaminate")
+    assert proc.wait() == 0, proc.stderr.read().decode()
+    assert content(stage_dir) == reference
+    assert not list(stage_dir.glob(".tmp-*"))
+
+
+def test_resume_redoes_a_shard_whose_bytes_changed(small_params):
+    for s in ("sample", "download", "extract"):
+        run_stage(s, small_params)
+    shard = sorted((Path(small_params.paths.data_dir) / "extract/shards").glob("CC-*.parquet"))[0]
+    good = shard.read_bytes()
+    bad = bytearray(good)
+    bad[len(bad) // 2] ^= 0xFF  # one flipped byte, same size
+    shard.write_bytes(bytes(bad))
+    again = run_stage("extract", small_params)
+    assert again["redone_corrupt"] == 1 and again["resumed_shards"] == again["shards"] - 1
+    assert shard.read_bytes() == good
+
+
+def test_a_stage_refuses_an_input_stage_that_did_not_complete(tmp_path):
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(
+        small_raw(tmp_path / "data", sample={"n_warc_files": 6, "pages_per_warc": 80}, download={"n_files": 6})))
+    for stage in ("sample", "download"):
+        assert cli(tmp_path, stage).wait() == 0
+    proc = cli(tmp_path, "extract")
+    completions = tmp_path / "data/extract/completions"
+    while proc.poll() is None and len(list(completions.glob("*.json")) if completions.exists() else []) < 1:
+        time.sleep(0.005)
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    out = subprocess.run([sys.executable, "-m", "tasks", "decontaminate"], cwd=tmp_path, capture_output=True,
+                         text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 4, out.stderr
+    assert out.stderr.strip().splitlines() == [
+        f"unfinished input: stage 'decontaminate' needs stage 'extract' completed "
+        f"({tmp_path / 'data/extract/stats.json'} missing): run `python -m tasks extract` first"]
+    assert not (tmp_path / "data/decontaminate/shards").exists() or not any((tmp_path / "data/decontaminate/shards").iterdir())
+
+
+def test_stats_name_every_pass_in_order(small_params):
+    for s in ("sample", "download", "extract", "decontaminate"):
+        stats = run_stage(s, small_params)
+    assert [p["name"] for p in stats["passes"]] == ["index", "count", "frequent", "remove"]
+    assert [p["kind"] for p in stats["passes"]] == ["global", "sharded", "global", "sharded"]
+    again = run_stage("decontaminate", small_params)
+    assert all(p["resumed"] == (p.get("shards") or 1) for p in again["passes"])
+    assert json.loads((Path(small_params.paths.data_dir) / "decontaminate/stats.json").read_text())["passes"] == again["passes"]
+    p = parse_params(small_raw(Path(small_params.paths.data_dir).parent / "data",
+                               decontaminate={"margin_chars": 50}))
+    changed = run_stage("decontaminate", p)  # only the removal pass depends on the margin
+    assert [x["resumed"] for x in changed["passes"]] == [1, changed["shards"], 1, 0]
