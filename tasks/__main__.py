@@ -1,8 +1,8 @@
 """`python -m tasks <stage> [--params params.yaml]`: the entry point `dvc repro` runs.
 
-Runs one stage on params.yaml, then its expectation suite. Exit status 2 for a configuration
-error, 3 for a failed expectation, 4 when the input stage has not completed, 1 for anything else
-that stopped the stage.
+Runs one stage on params.yaml, then its expectation suite. Any error is one line on stderr (with
+the traceback only under --verbose) and an exit status: 2 bad configuration or input files,
+3 failed expectation, 4 unfinished input stage, 1 anything else.
 """
 from __future__ import annotations
 
@@ -10,39 +10,48 @@ import argparse
 import json
 import os
 import sys
+import traceback
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tasks.core.config import load_params
-    from tasks.core.errors import ConfigError, UnfinishedInput
-    from tasks.core.registry import PIPELINE
-    from tasks.core.runner import run_stage
-    from tasks.validation import ExpectationFailed, validate_stage
+    from tasks.core.errors import describe
 
-    ap = argparse.ArgumentParser(prog="python -m tasks", description=__doc__)
-    ap.add_argument("stage", choices=PIPELINE)
+    ap = argparse.ArgumentParser(prog="python -m tasks", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("stage", help="a stage of the DAG (tasks/core/registry.py)")
     ap.add_argument("--params", default="params.yaml")
+    ap.add_argument("--verbose", action="store_true", help="print the traceback of an error too")
     args = ap.parse_args(argv)
     try:
-        params = load_params(args.params)
-        stats = run_stage(args.stage, params)
-        report = validate_stage(args.stage, params)
-    except ConfigError as e:
-        print(f"configuration error: {e}", file=sys.stderr)
-        return 2
-    except UnfinishedInput as e:
-        print(f"unfinished input: {e}", file=sys.stderr)
-        return 4
-    except ExpectationFailed as e:
-        print(f"validation failed: {e}", file=sys.stderr)
-        return 3
+        summary = run(args.stage, args.params)
+    except Exception as e:  # every error ends as one line and its exit code (README: exit codes)
+        code, line = describe(e)
+        if args.verbose:
+            traceback.print_exc()
+        print(line, file=sys.stderr)
+        return code
+    print(json.dumps(summary, sort_keys=True))
+    return 0
+
+
+def run(stage: str, params_file: str) -> dict:
+    from tasks.core.config import load_params
+    from tasks.core.errors import ConfigError
+    from tasks.core.registry import PIPELINE
+    from tasks.core.runner import run_stage
+    from tasks.validation import validate_stage
+
+    if stage not in PIPELINE:
+        raise ConfigError(f"unknown stage {stage!r}; stages: {', '.join(PIPELINE)}")
+    params = load_params(params_file)
+    stats = run_stage(stage, params)
+    report = validate_stage(stage, params)
     summary = {k: stats[k] for k in ("stage", "shards", "docs_in", "docs_out", "dropped") if k in stats}
     if report is not None:
         summary["validation"] = {"batches": report.batches, "docs": report.docs}
-    print(json.dumps(summary, sort_keys=True))
-    return 0
+    return summary
 
 
 if __name__ == "__main__":

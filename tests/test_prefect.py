@@ -120,3 +120,27 @@ def test_shards_on_an_existing_dask_cluster(server, tmp_path):
         assert len(shard_keys) == 4 * 4, shard_keys
     stats = json.loads((repo / "data/extract/stats.json").read_text())
     assert stats["shards"] == 4 and stats["docs_out"] > 0
+
+
+def test_a_failing_stage_fails_the_run_with_the_cli_line(server, tmp_path):
+    import shutil
+
+    from tests.conftest import BENCHMARKS
+
+    repo = copy_project(tmp_path / "repo")
+    bench = tmp_path / "bench"
+    shutil.copytree(BENCHMARKS, bench)
+    (bench / "boolq/dev.jsonl").write_text('{"question": "q", "passage": "p", "answer": true}\n{"question"\n')
+    raw = yaml.safe_load((repo / "params.yaml").read_text())
+    raw["paths"]["benchmarks_dir"] = str(bench)
+    (repo / "params.yaml").write_text(yaml.safe_dump(raw))
+    out = subprocess.run([sys.executable, "-m", "flows.pipeline", "params.yaml"], cwd=repo, env=server,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 2, out.stderr[-3000:]
+    line = out.stderr.strip().splitlines()[-1]
+    assert line.startswith("input file error: task 'boolq': line 2: not valid JSON"), line
+    failed = {}  # the other tests' runs on this server all completed
+    for r in api(server, "/flow_runs/filter", {}):
+        if r["state_type"] != "COMPLETED":
+            failed.setdefault(api(server, f"/flows/{r['flow_id']}")["name"], []).append(r["state"]["message"])
+    assert failed == {"pretraining-pipeline": [line], "stage-sample": [line]}  # the sample plants task passages

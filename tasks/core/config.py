@@ -16,7 +16,9 @@ from tasks.core.errors import ConfigError
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: "600" is not an int and `true` is not a number; YAML gives real types, so a quoted
+    # number in params.yaml is a mistake worth a message, not a silent coercion.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class PathsParams(Strict):
@@ -144,14 +146,42 @@ def parse_params(raw: dict, source: str = "params") -> PipelineParams:
         raise ConfigError(f"{source}: {_format(err)}") from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (YAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise ConfigError(f"line {key_node.start_mark.line + 1}: duplicate key {key!r}")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_params(path: str | Path = "params.yaml") -> PipelineParams:
+    """Read and validate a params file; every problem is one ConfigError line naming the file."""
     path = Path(path)
-    if not path.exists():
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory, not a params file")
+    if not path.is_file():
         raise ConfigError(f"{path}: file not found")
+    data = path.read_bytes()
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+    try:
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    except yaml.MarkedYAMLError as err:
+        where = f"line {err.problem_mark.line + 1}: " if err.problem_mark else ""
+        raise ConfigError(f"{path}: not valid YAML: {where}{err.problem or err.context}") from None
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
-    if raw is not None and not isinstance(raw, dict):
+        raise ConfigError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
+    if raw is None:
+        raise ConfigError(f"{path}: empty; expected the sections of params.yaml ({', '.join(PipelineParams.model_fields)})")
+    if not isinstance(raw, dict):
         raise ConfigError(f"{path}: top level must be a mapping of stage names")
-    return parse_params(raw or {}, str(path))
+    return parse_params(raw, str(path))

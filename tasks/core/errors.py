@@ -1,11 +1,80 @@
-"""The errors a user can act on. Each carries one line naming the file, key or stage and the cause;
-`python -m tasks` maps them to exit codes (README: 2 configuration/input files, 4 unfinished input)."""
+"""The errors a user can act on, and how any error becomes one line and an exit code.
+
+Every message names the file, key or stage and the cause. `python -m tasks`, `python -m
+flows.pipeline` and the Prefect flows all go through `describe`, so a failure reads the same on
+the console, in `dvc repro` and as a Prefect run's state message:
+
+    0 ok · 2 bad configuration or input files · 3 failed expectation · 4 unfinished input stage
+    1 anything else (an I/O error names the path and the errno)
+"""
 from __future__ import annotations
 
+import errno
 
-class ConfigError(ValueError):
+
+class PipelineError(Exception):
+    """Base of the errors with a known exit code and label."""
+
+    exit_code = 1
+    label = "error"
+
+
+class ConfigError(PipelineError, ValueError):
     """A bad configuration: one clear message naming the offending key(s) and what was expected."""
 
+    exit_code = 2
+    label = "configuration error"
 
-class UnfinishedInput(RuntimeError):
+
+class InputFileError(PipelineError, ValueError):
+    """An input file the user supplied (an evaluation-task file, a curated dataset) is unusable."""
+
+    exit_code = 2
+    label = "input file error"
+
+
+class ExpectationFailed(PipelineError, RuntimeError):
+    """A stage's output violated its expectation suite; names expectation, column, count, shard."""
+
+    exit_code = 3
+    label = "validation failed"
+
+    def __init__(self, stage: str, failures: list[str], docs: str):
+        self.stage, self.failures, self.docs = stage, failures, docs
+        super().__init__(f"stage '{stage}' failed validation: " + "; ".join(failures) + f" (Data Docs: {docs})")
+
+
+class UnfinishedInput(PipelineError, RuntimeError):
     """A stage was asked to run on an input stage that has not completed."""
+
+    exit_code = 4
+    label = "unfinished input"
+
+
+def _io_line(e: OSError) -> str:
+    code = errno.errorcode.get(e.errno or 0, "")
+    what = e.strerror or str(e)
+    paths = [str(p) for p in (e.filename, e.filename2) if p is not None]
+    return f"I/O error: {what}" + (f" ({code})" if code else "") + (f": {' -> '.join(paths)}" if paths else "")
+
+
+def describe(e: BaseException) -> tuple[int, str]:
+    """(exit code, one line) for any exception."""
+    if isinstance(e, PipelineError):
+        return e.exit_code, f"{e.label}: {_first_line(str(e))}"
+    if isinstance(e, OSError) and e.errno is not None:
+        return 1, _io_line(e)
+    return 1, f"error: {type(e).__name__}: {_first_line(str(e)) or 'no message'}"
+
+
+def exit_code_of(line: str) -> int:
+    """The exit code a line made by `describe` stands for (Prefect states carry only the line)."""
+    for cls in (ConfigError, InputFileError, ExpectationFailed, UnfinishedInput):
+        if line.startswith(cls.label + ":"):
+            return cls.exit_code
+    return 1
+
+
+def _first_line(text: str) -> str:
+    lines = [x.strip() for x in text.strip().splitlines() if x.strip()]
+    return lines[0] if len(lines) == 1 else " / ".join(lines[:3])

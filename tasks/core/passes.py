@@ -91,7 +91,7 @@ class PassLayout:
         self.completions.mkdir(parents=True, exist_ok=True)
         for d in (self.shards, self.completions):  # leftovers of a killed run
             for tmp in d.glob(".tmp-*"):
-                tmp.unlink(missing_ok=True)
+                _remove_tree(tmp)
 
     def marker(self, shard: Shard) -> Path:
         return self.completions / f"{shard.name}.json"
@@ -101,6 +101,18 @@ class PassLayout:
 
     def outputs(self) -> list[Path]:
         return sorted(p for p in self.shards.iterdir() if not p.name.startswith(".tmp-"))
+
+
+@contextlib.contextmanager
+def naming(path: Path) -> Iterator[None]:
+    """An OSError raised without a file name (pyarrow, zstd, numpy) gets `path`, so the one-line
+    error says where the disk was full or the folder unwritable."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is None and e.errno:
+            raise OSError(e.errno, os.strerror(e.errno), str(path)) from e
+        raise
 
 
 def tmp_name(final: Path) -> Path:
@@ -118,11 +130,12 @@ def atomic_path(final: Path) -> Iterator[Path]:
             os.fsync(fh.fileno())
         os.replace(tmp, final)
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a failed cleanup must not hide the error that matters
+            tmp.unlink(missing_ok=True)
 
 
 def atomic_write_text(final: Path, text: str) -> None:
-    with atomic_path(final) as tmp:
+    with naming(final), atomic_path(final) as tmp:
         tmp.write_text(text, encoding="utf-8")
 
 
@@ -181,7 +194,7 @@ def run_shard(layout: PassLayout, shard: Shard, fn: ShardFn, pass_params: dict, 
         corrupt = 1  # same inputs and params, other bytes: the file changed on disk since
     marker.unlink(missing_ok=True)
     start = time.perf_counter()
-    with atomic_path(out) as tmp:
+    with naming(out), atomic_path(out) as tmp:
         stats = fn(shard, tmp).to_dict()
     seconds = round(time.perf_counter() - start, 4)
     record = {
@@ -214,10 +227,11 @@ def prune(layout: PassLayout, shards: list[Shard]) -> None:
 
 
 def _remove_tree(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif path.exists() or path.is_symlink():
-        path.unlink()
+    with contextlib.suppress(OSError):  # cleanup: never hides the error that caused it
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
 
 
 GlobalFn = Callable[[Path], dict]
@@ -237,7 +251,8 @@ def run_global(out: Path, marker: Path, fn: GlobalFn, fp: str) -> dict:
     tmp, old = tmp_name(out), tmp_name(out.with_name(out.name + "-old"))
     tmp.mkdir(parents=True)
     try:
-        report = fn(tmp)
+        with naming(out):
+            report = fn(tmp)
         for f in tmp.rglob("*"):
             if f.is_file():
                 with open(f, "rb+") as fh:

@@ -41,9 +41,13 @@ def stats_path(p: PipelineParams, stage: str) -> Path:
 def require_complete(p: PipelineParams, stage: str, needed_by: str) -> None:
     """A stage's stats.json is removed when it starts and written when it ends: its presence is
     what "completed" means, so no stage ever reads a half-finished input."""
-    if not stats_path(p, stage).is_file():
+    path = stats_path(p, stage)
+    if not path.is_file():
         raise UnfinishedInput(f"stage '{needed_by}' needs stage '{stage}' completed "
-                              f"({stats_path(p, stage)} missing): run `python -m tasks {stage}` first")
+                              f"({path} missing): run `python -m tasks {stage}` first")
+    if json.loads(path.read_text(encoding="utf-8")).get("validation", {}).get("success") is False:
+        raise UnfinishedInput(f"stage '{needed_by}' needs stage '{stage}' to pass its validation (see {path}): "
+                              f"fix it and rerun `python -m tasks {stage}`")
 
 
 def _run_sharded(st: Stage, ps: ShardedPass, p: PipelineParams, ctx: Context, map_shards: MapShards):

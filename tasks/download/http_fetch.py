@@ -11,18 +11,21 @@ import socket
 import time
 import urllib.error
 import urllib.request
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote, urlparse
 
+from zlib_ng import zlib_ng
+
+from tasks.core.errors import InputFileError
+
 
 class DownloadError(RuntimeError):
-    pass
+    """A transfer that still failed after its retries (the message names the URL)."""
 
 
-class UnsafePathError(ValueError):
-    pass
+class UnsafePathError(InputFileError):
+    """A listed path that would escape the base URL or the output folder."""
 
 
 @dataclass(frozen=True)
@@ -74,19 +77,21 @@ def safe_filename(rel_path: str) -> str:
 
 def gzip_complete(path: Path) -> bool:
     """True iff the file is one or more complete gzip members and nothing else."""
-    d = zlib.decompressobj(31)
+    d = zlib_ng.decompressobj(31)
     members, pending = 0, False  # pending: bytes of a member whose end we have not seen yet
     with open(path, "rb") as fh:
-        while block := fh.read(1 << 20):
+        # small reads: at each member's end zlib copies the rest of the block into unused_data,
+        # and a WARC file is one member per record
+        while block := fh.read(64 << 10):
             while block:
                 try:
                     d.decompress(block)
-                except zlib.error:
+                except zlib_ng.error:
                     return False
                 if d.eof:
                     members, pending = members + 1, False
                     block = d.unused_data
-                    d = zlib.decompressobj(31)
+                    d = zlib_ng.decompressobj(31)
                 else:
                     pending, block = True, b""
     return members > 0 and not pending

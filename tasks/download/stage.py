@@ -18,6 +18,7 @@ from typing import Iterator
 import zstandard
 
 from tasks.core.config import PipelineParams
+from tasks.core.errors import ConfigError
 from tasks.core.passes import Shard, ShardStats
 from tasks.core.schema import DocWriter
 from tasks.core.stage import Context, ShardedPass, Stage
@@ -80,7 +81,7 @@ def plan(p: PipelineParams, ctx: Context) -> list[Shard]:
         sources += [(m, c.dataset) for m in matches]
     for path, dataset in sources:
         if not Path(path).is_file():
-            raise FileNotFoundError(f"download.curated: {path} does not exist")
+            raise ConfigError(f"download.curated: {path} does not exist")
         stem = safe_filename(Path(path).name.removesuffix(".zst").removesuffix(".jsonl"))
         shards.append(Shard(name=f"curated-{stem}", inputs=(path,), output=f"curated-{stem}.parquet",
                             tag=dataset or ""))

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+from tasks.core.errors import InputFileError
+
 TASK_NAMES = ("lambada", "boolq", "race_h", "piqa", "hellaswag", "winogrande", "anli_r2", "hans", "wic")
 
 # Where each official file lives under the benchmarks folder (README: where to get each one).
@@ -30,8 +32,8 @@ TASK_FILES = {
 }
 
 
-class TaskFileError(ValueError):
-    pass
+class TaskFileError(InputFileError):
+    """A missing or malformed evaluation-task file: names the task, the file and the line."""
 
 
 @dataclass

@@ -5,20 +5,43 @@ A stage names its suite module in its declaration (`Stage.suite`); the module pr
 from __future__ import annotations
 
 import importlib
+import json
+import time
 from pathlib import Path
 
 from tasks.core import registry
 from tasks.core.config import PipelineParams
+from tasks.core.passes import atomic_write_text
+from tasks.core.runner import stats_path
 from tasks.validation.runner import ExpectationFailed, ValidationReport, run_suite
 
 
 def validate_stage(stage: str, p: PipelineParams, raise_on_failure: bool = True) -> ValidationReport | None:
+    """Run the stage's suite on its output and record the result and its seconds in stats.json
+    (a stage whose validation failed is not accepted as input by the next one)."""
     st = registry.stage(stage)
     if st.suite is None:
         return None  # the sample is the test fixture itself; it has no suite
+    start = time.perf_counter()
     suite = importlib.import_module(st.suite)
-    return run_suite(stage, suite.expectations(), suite.batches(p, st.outputs(p.paths.data_dir)),
-                     Path(p.paths.data_dir) / "docs", raise_on_failure)
+    report = run_suite(stage, suite.expectations(), suite.batches(p, st.outputs(p.paths.data_dir)),
+                       Path(p.paths.data_dir) / "docs", raise_on_failure=False)
+    report.seconds = round(time.perf_counter() - start, 3)
+    record_validation(p, stage, report)
+    if report.failures and raise_on_failure:
+        raise ExpectationFailed(stage, report.failures, report.docs)
+    return report
+
+
+def record_validation(p: PipelineParams, stage: str, report: ValidationReport) -> None:
+    path = stats_path(p, stage)
+    if not path.is_file():
+        return
+    stats = json.loads(path.read_text(encoding="utf-8"))
+    stats["validation"] = {"success": report.success, "expectations": report.expectations,
+                           "batches": report.batches, "failures": report.failures[:20], "docs": report.docs}
+    stats["validation_seconds"] = report.seconds
+    atomic_write_text(path, json.dumps(stats, indent=2, sort_keys=True) + "\n")
 
 
 __all__ = ["ExpectationFailed", "ValidationReport", "validate_stage"]

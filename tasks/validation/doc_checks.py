@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tasks.core.schema import COLUMNS
+from tasks.validation.runner import Batch
+
+MAX_BATCH_ROWS = 500_000  # bounds a batch's memory (no text in it: ~100 bytes a row)
 
 
 def expectations(extra_columns: tuple[str, ...] = ()) -> list:
@@ -27,13 +30,27 @@ def expectations(extra_columns: tuple[str, ...] = ()) -> list:
     ]
 
 
-def batches(p, shards_dir: Path, extra_columns: Callable[[pa.Table], dict] | None = None):
-    """Each shard as a batch; `text` is replaced by its length so a shard's frame stays small.
-    `extra_columns(table)` may add derived columns (computed from the text) for a stage's suite."""
+def _shard_table(f: Path, extra_columns: Callable[[pa.Table], dict] | None) -> pa.Table:
+    """One read per shard: `text` becomes its length, plus any columns derived from the text."""
+    t = pq.read_table(f)
+    extra = extra_columns(t) if extra_columns else {}
+    t = t.set_column(t.schema.get_field_index("text"), "text_chars", pc.utf8_length(t["text"]))
+    for name, values in extra.items():
+        t = t.append_column(name, pa.array(values))
+    return t
+
+
+def batches(p, shards_dir: Path, extra_columns: Callable[[pa.Table], dict] | None = None) -> Iterator[Batch]:
+    """The shards, grouped into batches of up to MAX_BATCH_ROWS rows. `extra_columns(table)` may add
+    derived columns (computed from the text) for a stage's suite."""
+    tables, shards, rows = [], [], 0
     for f in sorted(shards_dir.glob("*.parquet")):
-        t = pq.read_table(f)
-        extra = extra_columns(t) if extra_columns else {}
-        t = t.set_column(t.schema.get_field_index("text"), "text_chars", pc.utf8_length(t["text"]))
-        for name, values in extra.items():
-            t = t.append_column(name, pa.array(values))
-        yield f.name, t.to_pandas()
+        t = _shard_table(f, extra_columns)
+        if tables and rows + t.num_rows > MAX_BATCH_ROWS:
+            yield Batch(pa.concat_tables(tables).to_pandas(), shards)
+            tables, shards, rows = [], [], 0
+        tables.append(t)
+        shards.append((f.name, rows, rows + t.num_rows))
+        rows += t.num_rows
+    if tables:
+        yield Batch(pa.concat_tables(tables).to_pandas(), shards)

@@ -7,6 +7,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from tasks.download.http_fetch import gzip_complete
+from tasks.validation.runner import Batch
 
 
 def expectations() -> list:
@@ -36,4 +37,4 @@ def batches(p, shards_dir: Path):
     """One manifest batch: a row per downloaded file (the files themselves are WARC bytes)."""
     rows = [{"file": f.name, "bytes": f.stat().st_size, "complete": _complete(f)}
             for f in sorted(shards_dir.iterdir()) if not f.name.startswith(".tmp-")]
-    yield "manifest", pd.DataFrame(rows, columns=["file", "bytes", "complete"])
+    yield Batch(pd.DataFrame(rows, columns=["file", "bytes", "complete"]), [("manifest", 0, len(rows))])

@@ -1,0 +1,158 @@
+"""Fail safely: every error is one line naming the file/key/stage and the cause, with a documented
+exit code; a failed cleanup never hides the error; outputs stay as they were."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tasks.__main__ import main
+from tasks.core.config import parse_params
+from tasks.core.runner import adopt_outputs
+from tasks.core.schema import write_docs
+from tests.conftest import BENCHMARKS, REPO, small_raw
+
+
+def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tasks", *args], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def one_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("content, needle", [
+    (b"", "params.yaml: empty; expected the sections of params.yaml"),
+    (b"# only a comment\n", "params.yaml: empty"),
+    (b"paths:\n  data_dir: \xff\n", "params.yaml: not UTF-8 (byte 0xff at offset 19)"),
+    (b"download:\n  retries: 3\ndownload:\n  retries: 4\n", "params.yaml: line 3: duplicate key 'download'"),
+    (b"extract:\n  lang_chars: 600\n  lang_chars: 700\n", "params.yaml: line 3: duplicate key 'lang_chars'"),
+    (b"extract:\n  time_limit_s: \"600\"\n", "extract.time_limit_s: Input should be a valid number (got '600')"),
+    (b"extract:\n  max_html_bytes: true\n", "extract.max_html_bytes: Input should be a valid integer (got True)"),
+    (b"download: [unclosed\n", "params.yaml: not valid YAML: line 2:"),
+])
+def test_bad_params_files_are_one_line_exit_2(tmp_path, monkeypatch, capsys, content, needle):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_bytes(content)
+    assert main(["extract"]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith("configuration error: ") and needle in line, line
+    assert not (tmp_path / "data").exists()
+
+
+def test_params_that_is_a_directory_or_missing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "conf").mkdir()
+    assert main(["extract", "--params", "conf"]) == 2
+    assert one_line(capsys.readouterr().err) == "configuration error: conf: is a directory, not a params file"
+    assert main(["extract", "--params", "nope.yaml"]) == 2
+    assert one_line(capsys.readouterr().err) == "configuration error: nope.yaml: file not found"
+    assert main(["no-such-stage"]) == 2
+    assert "unknown stage 'no-such-stage'" in one_line(capsys.readouterr().err)
+
+
+def _decontam_ready(root: Path, bench: Path) -> Path:
+    root.mkdir()
+    raw = small_raw(root / "data")
+    raw["paths"]["benchmarks_dir"] = str(bench)
+    (root / "params.yaml").write_text(yaml.safe_dump(raw))
+    p = parse_params(raw)
+    (root / "data/extract/shards").mkdir(parents=True)
+    write_docs(root / "data/extract/shards/s0.parquet", [
+        {"id": "d0", "text": "some words " * 40, "dataset": "t", "url": "", "crawl": "", "lang": "en",
+         "lang_score": 0.0}])
+    adopt_outputs(p, "extract")
+    return root
+
+
+def test_task_file_errors_are_one_line_exit_2(tmp_path):
+    bench = tmp_path / "bench"
+    shutil.copytree(BENCHMARKS, bench, ignore=shutil.ignore_patterns("*.zip", "race", "hellaswag"))
+    shutil.copytree(BENCHMARKS / "race", bench / "race")
+    shutil.copytree(BENCHMARKS / "hellaswag", bench / "hellaswag")
+    boolq = bench / "boolq/dev.jsonl"
+    lines = boolq.read_text().splitlines()
+    lines[2] = lines[2][:-5]  # a truncated JSON line
+    boolq.write_text("\n".join(lines) + "\n")
+    root = _decontam_ready(tmp_path / "w", bench)
+    out = cli(root, "decontaminate")
+    assert out.returncode == 2
+    assert one_line(out.stderr).startswith(f"input file error: task 'boolq': line 3: not valid JSON")
+    assert str(boolq) in out.stderr
+
+    shutil.rmtree(bench)  # the whole benchmarks folder missing
+    out = cli(root, "decontaminate")
+    assert out.returncode == 2
+    assert one_line(out.stderr) == f"input file error: task 'lambada': benchmarks folder {bench} does not exist"
+    bench.mkdir()  # present but empty
+    out = cli(root, "decontaminate")
+    assert out.returncode == 2 and "file not found (expected file:" in one_line(out.stderr)
+
+    out = cli(root, "decontaminate", "--verbose")  # the traceback only on request, the line last
+    assert out.returncode == 2 and "Traceback" in out.stderr
+    assert out.stderr.strip().splitlines()[-1].startswith("input file error: task 'lambada'")
+
+
+def _extract_ready(root: Path) -> None:
+    (root / "params.yaml").write_text(yaml.safe_dump(small_raw(root / "data")))
+    for stage in ("sample", "download"):
+        assert cli(root, stage).returncode == 0
+
+
+def _snapshot(folder: Path) -> dict:
+    return {str(f.relative_to(folder)): f.read_bytes() for f in sorted(folder.rglob("*")) if f.is_file()}
+
+
+def test_unwritable_output_folder_is_one_line_and_outputs_stay(tmp_path):
+    _extract_ready(tmp_path)
+    assert cli(tmp_path, "extract").returncode == 0
+    shards = tmp_path / "data/extract/shards"
+    victim = sorted(shards.glob("CC-*.parquet"))[0]
+    marker = tmp_path / "data/extract/completions" / f"{victim.stem}.json"
+    marker.unlink()  # this shard must be rewritten, into a folder nobody may write to
+    before = _snapshot(shards)
+    if subprocess.run(["chattr", "+i", str(shards)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not permitted here")
+    try:
+        out = cli(tmp_path, "extract")
+    finally:
+        subprocess.run(["chattr", "-i", str(shards)], check=True)
+    assert out.returncode == 1
+    line = one_line(out.stderr)
+    assert line.startswith("I/O error: Operation not permitted (EPERM): ") and str(shards) in line, line
+    assert _snapshot(shards) == before
+    assert not (tmp_path / "data/extract/stats.json").exists()
+
+
+def test_full_disk_is_one_line_naming_the_path(tmp_path):
+    _extract_ready(tmp_path)
+    target = tmp_path / "data/extract"
+    target.mkdir(parents=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(target)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("mounting a small tmpfs is not permitted here")
+    try:
+        out = cli(tmp_path, "extract")
+        leftovers = [f for f in target.rglob(".tmp-*")]
+    finally:
+        subprocess.run(["umount", str(target)], check=True)
+    assert out.returncode == 1
+    line = one_line(out.stderr)
+    assert line.startswith("I/O error: No space left on device (ENOSPC)") and str(target) in line, line
+    assert leftovers == []
+
+
+def test_stats_record_validation_seconds(tmp_path):
+    _extract_ready(tmp_path)
+    assert cli(tmp_path, "extract").returncode == 0
+    stats = json.loads((tmp_path / "data/extract/stats.json").read_text())
+    assert 0 < stats["validation_seconds"] and stats["validation"]["success"] is True
