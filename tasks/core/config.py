@@ -70,6 +70,10 @@ class DownloadParams(Strict):
     backoff_s: float = Field(0.5, ge=0, le=60)
     backoff_max_s: float = Field(30.0, ge=0, le=600)
     timeout_s: float = Field(60.0, gt=0, le=3600)
+    max_failed_fraction: float = Field(
+        0.01, ge=0, le=1,
+        description="Files that are gone or still broken after retries are skipped and listed in "
+                    "stats.json (failed_files); more than this fraction fails the stage.")
     curated: list[CuratedSource] = Field(
         default_factory=list,
         description="Local curated datasets; in sample mode the sample's own are added.",
@@ -82,6 +86,9 @@ class ExtractParams(Strict):
     max_html_bytes: int = Field(4_000_000, ge=1024, description="Larger payloads are skipped.")
     min_text_chars: int = Field(1, ge=0)
     lang_chars: int = Field(5000, ge=100, description="Characters fed to language ID.")
+    lang_min_chars: int = Field(200, ge=0, description="Shorter texts get lang 'unknown', not a guess.")
+    lang_min_confidence: float = Field(
+        0.1, ge=0, le=1, description="Below this language-ID confidence (lang_score) lang is 'unknown'.")
 
 
 TaskName = Literal["lambada", "boolq", "race_h", "piqa", "hellaswag", "winogrande", "anli_r2", "hans", "wic"]

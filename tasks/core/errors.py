@@ -51,6 +51,12 @@ class UnfinishedInput(PipelineError, RuntimeError):
     label = "unfinished input"
 
 
+class StageFailed(PipelineError, RuntimeError):
+    """More of a stage's shards failed than its bound allows (each failure is named)."""
+
+    label = "stage failed"
+
+
 def _io_line(e: OSError) -> str:
     code = errno.errorcode.get(e.errno or 0, "")
     what = e.strerror or str(e)

@@ -31,6 +31,12 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 
+class ShardFailed(Exception):
+    """Raised by a pass for a shard that cannot be made (a remote file that is gone or still broken
+    after retries). The pass goes on: the shard gets no output and no marker (a rerun tries it
+    again), stats.json lists it, and the stage fails only past the pass's bound on failures."""
+
+
 @dataclass(frozen=True)
 class Shard:
     name: str  # unique within the pass; names the output and the marker
@@ -194,8 +200,13 @@ def run_shard(layout: PassLayout, shard: Shard, fn: ShardFn, pass_params: dict, 
         corrupt = 1  # same inputs and params, other bytes: the file changed on disk since
     marker.unlink(missing_ok=True)
     start = time.perf_counter()
-    with naming(out), atomic_path(out) as tmp:
-        stats = fn(shard, tmp).to_dict()
+    try:
+        with naming(out), atomic_path(out) as tmp:
+            stats = fn(shard, tmp).to_dict()
+    except ShardFailed as e:
+        out.unlink(missing_ok=True)  # an older output must not pass for this one
+        return {"docs_in": 1, "dropped": {"shard_failed": 1}, "seconds": round(time.perf_counter() - start, 4),
+                "sha256": None, "failed": {"shard": shard.name, "inputs": list(shard.inputs), "reason": str(e)}}
     seconds = round(time.perf_counter() - start, 4)
     record = {
         "shard": shard.name,

@@ -14,7 +14,7 @@ from typing import Callable
 
 from tasks.core import registry
 from tasks.core.config import PipelineParams
-from tasks.core.errors import UnfinishedInput
+from tasks.core.errors import StageFailed, UnfinishedInput
 from tasks.core.passes import (PassLayout, Shard, atomic_write_text, digest, input_stat, merge_stats, prune,
                                remove_leftovers, run_global, run_shard, shards_digest)
 from tasks.core.stage import Context, GlobalPass, ShardedPass, Stage
@@ -56,8 +56,13 @@ def _run_sharded(st: Stage, ps: ShardedPass, p: PipelineParams, ctx: Context, ma
     shards = ps.plan(p, ctx)
     parts = map_shards(st.name, ps.name, p, shards, ctx)
     prune(layout, shards)
+    failed = [x["failed"] for x in parts if x.get("failed")]
+    if failed and len(failed) > ps.max_failed(p) * len(shards):
+        raise StageFailed(f"stage '{st.name}': {len(failed)} of {len(shards)} shards failed (at most "
+                          f"{ps.max_failed(p):.1%} may): " + "; ".join(f"{f['shard']}: {f['reason']}" for f in failed[:3])
+                          + (f"; and {len(failed) - 3} more" if len(failed) > 3 else ""))
     summary = {"kind": "sharded", "shards": len(shards), "resumed": sum(x.get("resumed", 0) for x in parts),
-               "redone_corrupt": sum(x.get("redone_corrupt", 0) for x in parts)}
+               "redone_corrupt": sum(x.get("redone_corrupt", 0) for x in parts), "failed": len(failed)}
     return shards, parts, shards_digest(parts, shards), summary
 
 
@@ -99,6 +104,7 @@ def run_stage(name: str, p: PipelineParams, map_shards: MapShards = map_sequenti
         stats.update(shards=len(shards), **merge_stats(parts))
         stats["resumed_shards"] = sum(x.get("resumed", 0) for x in parts)
         stats["redone_corrupt"] = sum(x.get("redone_corrupt", 0) for x in parts)
+        stats["failed_shards"] = [x["failed"] for x in parts if x.get("failed")]
     stats["wall_seconds"] = round(time.perf_counter() - start, 3)
     if st.report is not None:  # stage-specific summary computed from the merged totals
         stats.update(st.report(stats))

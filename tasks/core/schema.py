@@ -7,7 +7,7 @@ Columns:
   url         source URL (empty for curated documents without one)
   crawl       Common Crawl id (e.g. CC-MAIN-2020-50); empty for curated documents
   lang        ISO 639-1 code from language ID, or "unknown"
-  lang_score  language-ID distance (resiliparse: lower is more confident)
+  lang_score  language-ID confidence in [0, 1], higher is surer (tasks/extract/langid.py); 0 for unknown
 """
 from __future__ import annotations
 

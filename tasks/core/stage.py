@@ -67,6 +67,8 @@ class ShardedPass:
     plan: Plan  # the shards to write (usually one per input shard)
     process: Process  # writes one shard's output to the temp path it is given
     params: PassParams  # what the outputs depend on, for the fingerprint
+    # The largest fraction of shards that may fail (raise ShardFailed) without failing the stage.
+    max_failed: Callable[[PipelineParams], float] = lambda p: 0.0
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,13 @@ from urllib.parse import quote, urlparse
 
 from zlib_ng import zlib_ng
 
-from tasks.core.errors import InputFileError
+from tasks.core.errors import InputFileError, PipelineError
 
 
-class DownloadError(RuntimeError):
+class DownloadError(PipelineError, RuntimeError):
     """A transfer that still failed after its retries (the message names the URL)."""
+
+    label = "download error"
 
 
 class UnsafePathError(InputFileError):

@@ -18,11 +18,12 @@ from typing import Iterator
 import zstandard
 
 from tasks.core.config import PipelineParams
-from tasks.core.errors import ConfigError
-from tasks.core.passes import Shard, ShardStats
+from tasks.core.errors import ConfigError, InputFileError
+from tasks.extract.warc_reader import not_warc
+from tasks.core.passes import Shard, ShardFailed, ShardStats
 from tasks.core.schema import DocWriter
 from tasks.core.stage import Context, ShardedPass, Stage
-from tasks.download.http_fetch import RetryPolicy, UnsafePathError, fetch, fetch_bytes, safe_filename, safe_url
+from tasks.download.http_fetch import DownloadError, RetryPolicy, UnsafePathError, fetch, fetch_bytes, safe_filename, safe_url
 from tasks.sample.generate import curated_files
 from tasks.sample.server import StaticServer
 from tasks.sample.stage import STAGE as SAMPLE
@@ -63,6 +64,9 @@ def plan(p: PipelineParams, ctx: Context) -> list[Shard]:
     listing = f"crawl-data/{rt['crawl_id']}/warc.paths.gz"
     raw = fetch_bytes(safe_url(rt["base_url"], listing), policy(p), ctx.root / ".tmp-warc.paths.gz.part")
     paths = [ln.strip() for ln in gzip.decompress(raw).decode("utf-8").splitlines() if ln.strip()]
+    refused = next((not_warc(x.rsplit("/", 1)[-1]) for x in paths if not_warc(x.rsplit("/", 1)[-1])), None)
+    if refused:
+        raise InputFileError(f"{listing}: lists {paths[0].rsplit('/', 1)[-1]!r} and others: {refused}")
     shards, names = [], set()
     for rel in select(paths, p.download.n_files, p.download.selection, p.download.seed):
         safe_url(rt["base_url"], rel)  # reject unsafe listings before any transfer starts
@@ -91,7 +95,10 @@ def plan(p: PipelineParams, ctx: Context) -> list[Shard]:
 def process(shard: Shard, tmp: Path, p: PipelineParams, ctx: Context) -> ShardStats:
     if shard.name.startswith("curated-"):
         return ingest_curated(Path(shard.inputs[0]), tmp, shard.tag or None)
-    rep = fetch(safe_url(ctx.env["base_url"], shard.inputs[0]), tmp, policy(p))
+    try:
+        rep = fetch(safe_url(ctx.env["base_url"], shard.inputs[0]), tmp, policy(p))
+    except DownloadError as e:  # gone or still broken after retries: skip it, list it, go on
+        raise ShardFailed(str(e)) from None
     st = ShardStats(docs_in=1, docs_out=1, bytes_in=rep.bytes, bytes_out=rep.bytes)
     st.extra = {"http_attempts": rep.attempts, "range_resumes": rep.range_resumes,
                 "truncated_gzip_restarts": rep.restarts_truncated_gzip}
@@ -135,7 +142,10 @@ STAGE = Stage(
     name="download", section="download",
     input=lambda p: SAMPLE.name if p.download.source == "sample" else None,
     doc="Download WARC files (Common Crawl or the served sample) and ingest curated datasets.",
-    passes=(ShardedPass("fetch", plan=plan, process=process, params=stage_params),),
+    passes=(ShardedPass("fetch", plan=plan, process=process, params=stage_params,
+                        max_failed=lambda p: p.download.max_failed_fraction),),
+    report=lambda stats: {"failed_files": [{"file": f["inputs"][0], "reason": f["reason"]}
+                                           for f in stats.get("failed_shards", [])]},
     suite="tasks.validation.download",
     environment=environment,
 )

@@ -1,7 +1,7 @@
 """HTML bytes -> UTF-8 -> main text -> language: the pieces of extraction, split by where they run.
 
-`to_utf8` and `detect_lang` run in the stage's own process: they are linear-time C codecs and a
-fixed-length language model, so they need no time limit. `extract_main_text` is the only part that
+`to_utf8` (and language ID, tasks.extract.langid) run in the stage's own process: they are
+linear-time C codecs and a fixed-length language model, so they need no time limit. `extract_main_text` is the only part that
 can spin on a pathological page, so it alone runs in the sandbox child (tasks.extract.sandbox); keeping the
 child's work to exactly the extraction library's call keeps the critical path of a shard short
 while the parent reads the next WARC records on the other core.
@@ -36,15 +36,6 @@ def to_utf8(body: bytes, declared: str | None) -> tuple[bytes, bool]:
         from resiliparse.parse.encoding import bytes_to_str, detect_encoding
 
         return bytes_to_str(body, detect_encoding(body)).encode(UTF8, "replace"), True
-
-
-def detect_lang(text: str, n_chars: int) -> tuple[str, float]:
-    if not text:
-        return "unknown", 0.0
-    from resiliparse.parse.lang import detect_fast
-
-    lang, score = detect_fast(text[:n_chars])
-    return lang, float(score)
 
 
 def extract_main_text(item: tuple[bytes, str]) -> str:

@@ -12,12 +12,15 @@ from pathlib import Path
 from typing import Iterator
 
 from tasks.core.config import PipelineParams
+from tasks.core.errors import InputFileError
 from tasks.core.passes import Shard, ShardStats
 from tasks.core.schema import DocWriter, iter_docs
 from tasks.core.stage import Context, ShardedPass, Stage, fixed
-from tasks.extract.html_text import detect_lang, to_utf8
+from tasks.extract.html_text import to_utf8
+from tasks.extract.http_body import decode_content, dechunk
+from tasks.extract.langid import detect_lang
 from tasks.extract.sandbox import TIMED_OUT, worker_for
-from tasks.extract.warc_reader import Record, iter_warc, parse_http
+from tasks.extract.warc_reader import Record, iter_warc, not_warc, parse_http
 HTML_TYPES = ("text/html", "application/xhtml+xml")
 
 
@@ -33,11 +36,16 @@ def stage_params(p: PipelineParams) -> dict:
 def plan(p: PipelineParams, ctx: Context) -> list[Shard]:
     shards = []
     for f in sorted(ctx.input_shards.iterdir()):
-        if f.name.endswith(".warc.gz") or f.name.endswith(".warc"):
+        if f.name.startswith(".tmp-"):
+            continue
+        refused = not_warc(f.name)
+        if refused:
+            raise InputFileError(f"{f}: {refused}")
+        if f.name.endswith(".parquet"):
+            shards.append(Shard(name=f.stem, inputs=(str(f),), output=f.name))
+        else:
             stem = f.name.removesuffix(".gz").removesuffix(".warc")
             shards.append(Shard(name=stem, inputs=(str(f),), output=f"{stem}.parquet"))
-        elif f.name.endswith(".parquet"):
-            shards.append(Shard(name=f.stem, inputs=(str(f),), output=f.name))
     return shards
 
 
@@ -49,6 +57,49 @@ def _charset(content_type: str) -> str | None:
     return None
 
 
+def language(text: str, p: PipelineParams) -> tuple[str, float]:
+    e = p.extract
+    return detect_lang(text, e.lang_chars, e.lang_min_chars, e.lang_min_confidence)
+
+
+def _count(st: ShardStats, key: str) -> None:
+    st.extra[key] = st.extra.get(key, 0) + 1
+
+
+def _html_body(rec: Record, p: PipelineParams, st: ShardStats) -> tuple[bytes, str] | None:
+    """The HTML body of a response record as the server meant it (de-chunked, decompressed), with
+    its declared content type; None after counting why there is none."""
+    try:
+        status, headers, body = parse_http(rec.payload)
+    except ValueError:
+        st.drop("malformed_http")
+        return None
+    ctype = headers.get("content-type", "")
+    if status != 200:
+        st.drop("http_not_200")
+        return None
+    if ctype.split(";")[0].strip().lower() not in HTML_TYPES:
+        st.drop("not_html")
+        return None
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        body, outcome = dechunk(body)
+        _count(st, outcome)
+    encoding = headers.get("content-encoding", "")
+    if encoding:
+        body, outcome = decode_content(body, encoding)
+        _count(st, outcome)
+        if body is None:
+            st.drop("content_undecodable")
+            return None
+    if not body.strip():
+        st.drop("empty_body")
+    elif len(body) > p.extract.max_html_bytes:
+        st.drop("too_large")
+    else:
+        return body, ctype
+    return None
+
+
 def _candidates(path: Path, p: PipelineParams, st: ShardStats, meta: list) -> Iterator[tuple]:
     """Filter WARC records down to HTML bodies worth extracting; count every drop."""
     for i, rec in enumerate(iter_warc(path)):
@@ -57,30 +108,19 @@ def _candidates(path: Path, p: PipelineParams, st: ShardStats, meta: list) -> It
             st.drop(rec)
             continue
         st.bytes_in += len(rec.payload)
+        if rec.repaired:
+            _count(st, rec.repaired)
         reason = _skip_reason(rec)
         if reason:
             st.drop(reason)
             continue
-        try:
-            status, headers, body = parse_http(rec.payload)
-        except ValueError:
-            st.drop("malformed_http")
-            continue
-        ctype = headers.get("content-type", "").split(";")[0].strip().lower()
-        if status != 200:
-            st.drop("http_not_200")
-        elif ctype not in HTML_TYPES:
-            st.drop("not_html")
-        elif not body.strip():
-            st.drop("empty_body")
-        elif len(body) > p.extract.max_html_bytes:
-            st.drop("too_large")
-        elif headers.get("content-encoding", "identity") not in ("identity", ""):
-            st.drop("content_encoded")  # CC stores decoded payloads; anything else is unreadable here
-        else:
-            body, repaired = to_utf8(body, _charset(headers.get("content-type", "")))
-            meta.append((i, rec.header("warc-target-uri"), repaired))
+        found = _html_body(rec, p, st)
+        if found is not None:
+            body, repaired = to_utf8(found[0], _charset(found[1]))
+            meta.append((i, rec.target_uri, repaired))
             yield body, p.extract.extractor
+    if st.docs_in == 0:
+        _count(st, "empty_input")  # a WARC file with no record at all (e.g. an empty .warc.gz)
 
 
 def _skip_reason(rec: Record) -> str | None:
@@ -107,7 +147,7 @@ def _extract_warc(shard: Shard, tmp: Path, p: PipelineParams) -> ShardStats:
             if len(text) < max(1, p.extract.min_text_chars):
                 st.drop("empty_text")
                 continue
-            lang, score = detect_lang(text, p.extract.lang_chars)
+            lang, score = language(text, p)
             w.write({"id": f"common-crawl/{shard.name}/{rec_index}", "text": text, "dataset": "common-crawl",
                      "url": url, "crawl": crawl, "lang": lang, "lang_score": score})
     st.docs_out, st.bytes_out = w.docs, w.text_bytes
@@ -120,7 +160,7 @@ def _langid_curated(shard: Shard, tmp: Path, p: PipelineParams) -> ShardStats:
         for doc in iter_docs(Path(shard.inputs[0])):
             st.docs_in += 1
             st.bytes_in += len(doc["text"].encode("utf-8"))
-            doc["lang"], doc["lang_score"] = detect_lang(doc["text"], p.extract.lang_chars)
+            doc["lang"], doc["lang_score"] = language(doc["text"], p)
             w.write(doc)
     st.docs_out, st.bytes_out = w.docs, w.text_bytes
     return st

@@ -22,12 +22,13 @@ class Record:
     """One WARC record. Headers are parsed on demand: most records in a Common Crawl file are
     requests and metadata that the stage only counts, and of a response it reads two headers."""
 
-    __slots__ = ("version", "_head", "_headers", "_type", "payload")
+    __slots__ = ("version", "_head", "_headers", "_type", "payload", "repaired")
 
     def __init__(self, version: str, head: bytes, payload: bytes):
         self.version, self._head, self.payload = version, head, payload
         self._headers: dict[str, str] | None = None
         self._type: str | None = None
+        self.repaired: str | None = None  # what the reader had to work around (counted by the stage)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -46,6 +47,12 @@ class Record:
             return self._headers.get(name, default)
         value = _last_value(name, self._head)
         return value.decode("utf-8", "replace") if value is not None else default
+
+    @property
+    def target_uri(self) -> str:
+        """WARC-Target-URI without the angle brackets some writers put around it."""
+        uri = self.header("warc-target-uri").strip()
+        return uri[1:-1].strip() if uri.startswith("<") and uri.endswith(">") else uri
 
     @property
     def type(self) -> str:
@@ -107,36 +114,75 @@ def _members(fh: BinaryIO) -> Iterator[bytes | str]:
                 return
 
 
+SUPPORTED_VERSIONS = ("WARC/1.0", "WARC/1.1", "WARC/0.18", "WARC/0.17")  # 0.17/0.18: 2008-09 crawls, ClueWeb09
+_NEXT_RECORD = re.compile(rb"(?:\r?\n)+(?=WARC/\d+\.\d+\r?\n)")
+
+
+def _head_end(data: bytes, pos: int) -> tuple[int, int]:
+    """(end of the header block, length of its terminator); (-1, 0) if there is none. Headers end
+    with CRLF CRLF, or LF LF in files whose line ends were stripped (ClueWeb09)."""
+    crlf, lf = data.find(b"\r\n\r\n", pos), data.find(b"\n\n", pos)
+    if lf >= 0 and (crlf < 0 or lf < crlf):
+        return lf, 2
+    return (crlf, 4) if crlf >= 0 else (-1, 0)
+
+
+def _next_record(data: bytes, pos: int) -> int:
+    """Where the next record's version line starts after `pos` (len(data) if none)."""
+    m = _NEXT_RECORD.search(data, pos)
+    return m.end() if m else len(data)
+
+
 def _records(data: bytes) -> Iterator[Record | str]:
+    """Every record of an uncompressed block, or the reason it could not be read: one entry per
+    record, so a bad record never hides the ones after it."""
     pos, n = 0, len(data)
     while pos < n:
         pos = _BLANK_LINES.match(data, pos).end()  # the CRLF CRLF that ends the previous record
         if pos >= n:
             return
-        end = data.find(b"\r\n\r\n", pos)
-        if end < 0:
-            yield "malformed_record"
-            return
-        head = data[pos:end]
-        version = head[:head.find(b"\r\n") if b"\r\n" in head else len(head)].strip().decode("latin-1")
-        if not version.startswith("WARC/"):
-            yield "malformed_record"
-            return
-        length = _last_value("content-length", head)
+        end, sep = _head_end(data, pos)
+        head = data[pos:end] if end >= 0 else b""
+        version = head.split(b"\n", 1)[0].strip().decode("latin-1")
+        lf_only = b"\r\n" not in head
+        if lf_only:
+            head = head.replace(b"\n", b"\r\n")
+        length = _last_value("content-length", head) if version.startswith("WARC/") else None
         if length is None or not length.isdigit():
             yield "malformed_record"
-            return
-        length = int(length)
-        start = end + 4
-        payload = data[start:start + length]
-        if len(payload) < length:
-            yield "truncated_record"
-            return
-        if version not in ("WARC/1.0", "WARC/1.1"):
-            yield "unsupported_warc_version"  # e.g. WARC/0.18 headers from pre-standard crawls
+            pos = _next_record(data, pos)
+            continue
+        start, length = end + sep, int(length)
+        stop, repaired = start + length, None
+        after = _BLANK_LINES.match(data, min(stop, n)).end()
+        if stop > n or (after < n and not data.startswith(b"WARC/", after)):
+            # Content-Length disagrees with where the next record starts: stripped CRs (ClueWeb09),
+            # off-by-one writers (some wget versions). Trust the next record's version line.
+            nxt = _next_record(data, start)
+            if stop > n and nxt == n and not lf_only:
+                yield "truncated_record"  # a CRLF file cut short: the record is incomplete
+                return
+            stop, after, repaired = nxt, nxt, "content_length_mismatch"
+            while stop > start and data[stop - 1] in b"\r\n":
+                stop -= 1
+        if version not in SUPPORTED_VERSIONS:
+            yield "unsupported_warc_version"
         else:
-            yield Record(version, head, payload)
-        pos = start + length
+            rec = Record(version, head, data[start:stop])
+            rec.repaired = repaired
+            yield rec
+        pos = after
+
+
+def not_warc(name: str) -> str | None:
+    """Why a file is not something this stage reads (None if it is: a WARC or a curated shard)."""
+    if name.endswith((".warc.wet.gz", ".wet.gz", ".warc.wat.gz", ".wat.gz")):
+        kind = "WET (extracted text)" if ".wet" in name else "WAT (metadata)"
+        return (f"a Common Crawl {kind} file; extract reads WARC files with the HTML "
+                f"(use the crawl's warc.paths.gz listing)")
+    if not name.endswith((".warc.gz", ".warc", ".parquet")):
+        return "not a WARC file (.warc.gz, .warc) or a curated Parquet shard"
+    return None
 
 
 def iter_warc(path: Path) -> Iterator[Record | str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Iterator
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -14,11 +15,13 @@ from tasks.validation.runner import Batch
 MAX_BATCH_ROWS = 500_000  # bounds a batch's memory (no text in it: ~100 bytes a row)
 
 
-def expectations(extra_columns: tuple[str, ...] = ()) -> list:
+def expectations(extra_columns: tuple[str, ...] = (), require_rows: bool = False) -> list:
+    """`require_rows`: a stage that writes no document at all has failed (extract); a filtering
+    stage may legitimately remove everything from a small input."""
     import great_expectations as gx
 
     E = gx.expectations
-    return [
+    return [E.ExpectTableRowCountToBeBetween(min_value=1)] * require_rows + [
         E.ExpectTableColumnsToMatchOrderedList(column_list=[*COLUMNS[:1], "text_chars", *COLUMNS[2:], *extra_columns]),
         E.ExpectColumnValuesToNotBeNull(column="id"),
         E.ExpectColumnValuesToBeUnique(column="id"),
@@ -27,6 +30,7 @@ def expectations(extra_columns: tuple[str, ...] = ()) -> list:
         E.ExpectColumnValueLengthsToBeBetween(column="dataset", min_value=1),
         E.ExpectColumnValuesToMatchRegex(column="lang", regex=r"^(?:[a-z]{2,3}|unknown)$"),
         E.ExpectColumnValuesToNotBeNull(column="lang_score"),
+        E.ExpectColumnValuesToBeBetween(column="lang_score", min_value=0, max_value=1),
     ]
 
 
@@ -46,7 +50,7 @@ def batches(p, shards_dir: Path, extra_columns: Callable[[pa.Table], dict] | Non
     tables, shards, rows = [], [], 0
     for f in sorted(shards_dir.glob("*.parquet")):
         t = _shard_table(f, extra_columns)
-        if tables and rows + t.num_rows > MAX_BATCH_ROWS:
+        if rows and t.num_rows and rows + t.num_rows > MAX_BATCH_ROWS:  # a batch is empty only if all are
             yield Batch(pa.concat_tables(tables).to_pandas(), shards)
             tables, shards, rows = [], [], 0
         tables.append(t)
@@ -54,3 +58,6 @@ def batches(p, shards_dir: Path, extra_columns: Callable[[pa.Table], dict] | Non
         rows += t.num_rows
     if tables:
         yield Batch(pa.concat_tables(tables).to_pandas(), shards)
+    else:  # no shard at all: one empty batch, so the row-count expectation fails
+        columns = [COLUMNS[0], "text_chars", *COLUMNS[2:]]
+        yield Batch(pd.DataFrame({c: [] for c in columns}), [("(no shards)", 0, 0)])

@@ -1,0 +1,96 @@
+"""An HTTP response body as the server meant it: de-chunked and decompressed.
+
+Crawlers differ in what they store. Some keep the bytes on the wire (`Transfer-Encoding: chunked`
+framing, gzip/deflate/br content), some store the decoded body but keep the headers. So each
+step looks at the bytes, not only the header: it decodes what is encoded, passes through what is
+not, and says which it did (the stage counts each outcome in stats.json).
+"""
+from __future__ import annotations
+
+import re
+
+from zlib_ng import zlib_ng
+
+_CHUNK_SIZE = re.compile(rb"[ \t]*([0-9A-Fa-f]{1,16})[ \t]*(?:;[^\r\n]*)?\r?\n")
+MAX_DECODED = 64 << 20  # a decompression bomb stops here (the stage's size limit applies after)
+
+
+def dechunk(body: bytes) -> tuple[bytes, str]:
+    """(body, outcome): outcome is "dechunked", "chunked_header_plain_body" (no chunk framing at
+    the start: stored already de-chunked) or "chunked_framing_broken" (raw body kept)."""
+    if not _CHUNK_SIZE.match(body):
+        return body, "chunked_header_plain_body"
+    out, pos = [], 0
+    while True:
+        m = _CHUNK_SIZE.match(body, pos)
+        if m is None:
+            return body, "chunked_framing_broken"
+        size, pos = int(m.group(1), 16), m.end()
+        if size == 0:  # the last chunk; trailers, if any, are not part of the body
+            return b"".join(out), "dechunked"
+        if pos + size > len(body):
+            return body, "chunked_framing_broken"
+        out.append(body[pos:pos + size])
+        pos += size
+        if body.startswith(b"\r\n", pos):
+            pos += 2
+        elif body.startswith(b"\n", pos):
+            pos += 1
+        elif pos < len(body):
+            return body, "chunked_framing_broken"
+        else:  # the data ends without the last (zero) chunk: keep what arrived
+            return b"".join(out), "dechunked"
+
+
+def _inflate(body: bytes, wbits: int) -> bytes | None:
+    d = zlib_ng.decompressobj(wbits)
+    try:
+        out = d.decompress(body, MAX_DECODED)
+    except zlib_ng.error:
+        return None
+    return out if out or d.eof else None
+
+
+def _brotli(body: bytes) -> bytes | None:
+    import brotli
+
+    try:
+        return brotli.decompress(body)
+    except brotli.error:
+        return None
+
+
+def decode_content(body: bytes, encoding: str) -> tuple[bytes | None, str]:
+    """(body or None, outcome) for a `Content-Encoding` header value. Outcomes: "identity",
+    "content_decoded", "encoding_header_plain_body" (the bytes were not encoded), or
+    "content_undecodable" (body None: encoded but broken, or an unknown encoding)."""
+    codings = [c.strip().lower() for c in encoding.split(",") if c.strip()]
+    codings = [c for c in codings if c not in ("identity", "none")]
+    if not codings:
+        return body, "identity"
+    decoded = body
+    for coding in reversed(codings):  # the last applied is the first to undo
+        if coding in ("gzip", "x-gzip"):
+            out = _inflate(decoded, 31) if decoded[:2] == b"\x1f\x8b" else None
+        elif coding == "deflate":  # zlib-wrapped as the RFC says, or raw deflate as many servers send
+            out = None if _looks_plain(decoded) else (_inflate(decoded, 15) or _inflate(decoded, -15))
+        elif coding == "br":  # no magic number: plain-looking bytes are not tried as brotli
+            out = None if _looks_plain(decoded) else _brotli(decoded)
+        else:
+            return None, "content_undecodable"
+        if out is None:
+            return (body, "encoding_header_plain_body") if _looks_plain(decoded) else (None, "content_undecodable")
+        decoded = out
+    return decoded, "content_decoded"
+
+
+def _looks_plain(body: bytes) -> bool:
+    """Markup or text, not compressed bytes: stored decoded although the header says otherwise."""
+    head = body[:512].lstrip()
+    if head[:1] == b"<":
+        return True
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return e.start > len(head) - 4  # only a character cut at the sample's end
+    return True
