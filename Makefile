@@ -11,8 +11,11 @@ export PREFECT_SERVER_ANALYTICS_ENABLED = false
 export DO_NOT_TRACK = 1
 export GX_ANALYTICS_ENABLED = False
 export DS_ACCELERATOR ?= cpu
+# a loaded 2-core machine needs more than Prefect's default 20 s to start its temporary server
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
+DOCS_PORT ?= 4201
 
-.PHONY: install run test repro ui deploy worker bench clean
+.PHONY: install run test repro ui docs deploy worker bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,18 +37,28 @@ test: install
 repro: install
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/dvc repro
 
-## Prefect UI on http://127.0.0.1:$(PORT)
+## Prefect UI on http://127.0.0.1:$(PORT), and Data Docs on http://127.0.0.1:$(DOCS_PORT) beside it
 ui: install
-	PREFECT_API_URL=http://127.0.0.1:$(PORT)/api $(VENV)/bin/prefect server start --host 127.0.0.1 --port $(PORT)
+	mkdir -p data/docs
+	$(PY) -m http.server $(DOCS_PORT) --bind 127.0.0.1 --directory data/docs & docs=$$!; \
+	trap "kill $$docs" EXIT INT TERM; \
+	PREFECT_API_URL=http://127.0.0.1:$(PORT)/api PREFECT_UI_URL=http://127.0.0.1:$(PORT) \
+	$(VENV)/bin/prefect server start --host 127.0.0.1 --port $(PORT)
+
+## Data Docs (the validation reports) alone, on http://127.0.0.1:$(DOCS_PORT)
+docs: install
+	mkdir -p data/docs
+	$(PY) -m http.server $(DOCS_PORT) --bind 127.0.0.1 --directory data/docs
 
 ## Register the deployments of prefect.yaml with the server started by `make ui`.
 deploy: install
 	PREFECT_API_URL=http://127.0.0.1:$(PORT)/api $(VENV)/bin/prefect work-pool create local-process --type process --overwrite
-	PREFECT_API_URL=http://127.0.0.1:$(PORT)/api $(VENV)/bin/prefect deploy --all
+	PWD=$(CURDIR) PREFECT_API_URL=http://127.0.0.1:$(PORT)/api $(VENV)/bin/prefect --no-prompt deploy --all
 
 ## A worker that executes runs triggered from the UI.
 worker: install
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH PREFECT_API_URL=http://127.0.0.1:$(PORT)/api $(VENV)/bin/prefect worker start --pool local-process
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH PREFECT_API_URL=http://127.0.0.1:$(PORT)/api PREFECT_UI_URL=http://127.0.0.1:$(PORT) \
+	$(VENV)/bin/prefect worker start --pool local-process
 
 bench: install
 	$(PY) -m benchmarks.extract

@@ -1,22 +1,54 @@
-"""Markdown artifacts: each stage publishes its stats and a link to its Data Docs."""
+"""What a user sees in the Prefect UI: one markdown artifact per stage (its stats, its passes, its
+validation as a table, its plots, a Data Docs link that opens over http) and one summary artifact
+on the pipeline run linking them all. Every later stage gets the same page from its stats.json."""
 from __future__ import annotations
 
 import re
 
 from prefect.artifacts import create_markdown_artifact
+from prefect.settings import PREFECT_UI_URL
 
+from flows.plots import data_uri, stage_plots
+from tasks.core.config import PipelineParams
 from tasks.validation import ValidationReport
 
+_SKIP = {"stage", "passes", "dropped", "extra", "tasks", "validation", "failed_shards"}
 
-def stats_markdown(stats: dict, report: ValidationReport | None, failure: str | None = None) -> str:
+
+def _cell(v) -> str:
+    return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v).replace("|", "\\|")
+
+
+def docs_link(p: PipelineParams) -> str:
+    return f"{p.paths.docs_url.rstrip('/')}/index.html"
+
+
+def artifact_url(artifact_id) -> str:
+    """The UI page of an artifact (relative when the UI's address is not configured)."""
+    base = (PREFECT_UI_URL.value() or "").rstrip("/")
+    return f"{base}/artifacts/artifact/{artifact_id}"
+
+
+def stats_markdown(stats: dict, report: ValidationReport | None, p: PipelineParams, failure: str | None = None) -> str:
     stage = stats.get("stage", "?")
-    rows = [("shards", stats.get("shards")), ("docs in", stats.get("docs_in")), ("docs out", stats.get("docs_out")),
-            ("bytes in", stats.get("bytes_in")), ("bytes out", stats.get("bytes_out")),
-            ("resumed shards", stats.get("resumed_shards")), ("seconds", stats.get("wall_seconds"))]
-    lines = [f"## Stage `{stage}`", "", "| metric | value |", "|---|---|"]
-    lines += [f"| {k} | {v} |" for k, v in rows if v is not None]
-    lines += [f"| dropped: {k} | {v} |" for k, v in stats.get("dropped", {}).items()]
-    lines += [f"| {k} | {v} |" for k, v in stats.get("extra", {}).items() if "." not in k]  # per-task rows below
+    lines = [f"## Stage `{stage}`", ""]
+    if failure:
+        lines += [f"**Failed:** {failure}", ""]
+    lines += ["| metric | value |", "|---|---|"]
+    lines += [f"| {k.replace('_', ' ')} | {_cell(v)} |" for k, v in sorted(stats.items())
+              if k not in _SKIP and not isinstance(v, (dict, list))]
+    lines += [f"| dropped: {k} | {_cell(v)} |" for k, v in stats.get("dropped", {}).items()]
+    lines += [f"| {k} | {_cell(v)} |" for k, v in stats.get("extra", {}).items() if "." not in k]  # per-task rows below
+    for k, v in sorted(stats.items()):  # e.g. the sample's kinds, the index's bytes
+        if k not in _SKIP and isinstance(v, dict) and all(not isinstance(x, (dict, list)) for x in v.values()):
+            lines += [f"| {k.replace('_', ' ')}: {kk} | {_cell(vv)} |" for kk, vv in v.items()]
+    if stats.get("failed_shards"):
+        lines += ["", "Failed shards (skipped, retried on the next run):", "", "| shard | reason |", "|---|---|"]
+        lines += [f"| {f['shard']} | {_cell(f['reason'])} |" for f in stats["failed_shards"]]
+    if stats.get("passes"):
+        lines += ["", "| pass | kind | shards | resumed | seconds |", "|---|---|---|---|---|"]
+        lines += [f"| {x['name']} | {x['kind']} | {x.get('shards', 1)} | {x['resumed']} | {x['seconds']} |"
+                  for x in stats["passes"]]
     if "tasks" in stats:  # decontamination: what each evaluation task's n-grams did
         cols = ["ngrams", "frequent_ngrams_ignored", "training_docs_matched", "training_docs_split",
                 "training_docs_dropped", "training_chars_removed"]
@@ -24,17 +56,47 @@ def stats_markdown(stats: dict, report: ValidationReport | None, failure: str | 
                       f"{stats.get('index_total_bytes', 0) / 2**20:.1f} MiB", "",
                   "| task | " + " | ".join(c.replace("training_", "") for c in cols) + " |",
                   "|---" * (len(cols) + 1) + "|"]
-        lines += [f"| {t} | " + " | ".join(str(row.get(c, "")) for c in cols) + " |" for t, row in stats["tasks"].items()]
+        lines += [f"| {t} | " + " | ".join(_cell(row.get(c, "")) for c in cols) + " |" for t, row in stats["tasks"].items()]
     if report is not None:
         status = "passed" if report.success else "FAILED"
-        lines += ["", f"Validation **{status}**: {report.expectations} expectations over {report.batches} "
-                      f"batch(es). [Data Docs](file://{report.docs})"]
-    if failure:
-        lines += ["", f"**Failure:** {failure}"]
+        lines += ["", f"### Validation {status}", "",
+                  f"{report.expectations} expectations over {report.batches} batch(es) in {report.seconds} s. "
+                  f"[Data Docs]({docs_link(p)}) (served by `make docs` / `make ui`)", "",
+                  "| expectation | column | unexpected | passed |", "|---|---|---|---|"]
+        lines += [f"| {r['expectation']} | {r['column']} | {_cell(r['unexpected'])} | {'yes' if r['passed'] else '**no**'} |"
+                  for r in report.results]
+    for title, png in stage_plots(stats):
+        lines += ["", f"### {title}", "", f"![{title}]({data_uri(png)})"]
     return "\n".join(lines)
 
 
-def publish(stats: dict, report: ValidationReport | None, failure: str | None = None) -> None:
-    key = re.sub(r"[^a-z0-9-]", "-", f"{stats.get('stage', 'stage')}-stats".lower())
-    create_markdown_artifact(key=key, markdown=stats_markdown(stats, report, failure),
-                             description=f"stats.json of stage {stats.get('stage')}")
+def artifact_key(stage: str, suffix: str) -> str:
+    return re.sub(r"[^a-z0-9-]", "-", f"{stage}-{suffix}".lower())
+
+
+def publish(stats: dict, report: ValidationReport | None, p: PipelineParams, failure: str | None = None):
+    """The stage's artifact; returns its id (the pipeline summary links to it)."""
+    stage = stats.get("stage", "stage")
+    return create_markdown_artifact(key=artifact_key(stage, "stats"), markdown=stats_markdown(stats, report, p, failure),
+                                    description=f"stats.json and validation of stage {stage}")
+
+
+def summary_markdown(rows: list[dict], p: PipelineParams, outcome: str) -> str:
+    lines = [f"## Pipeline run: {outcome}", "",
+             "| stage | docs in | docs out | dropped | seconds | validation | details |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        stats, val = r.get("stats") or {}, (r.get("stats") or {}).get("validation")
+        check = ("passed" if val["success"] else "**failed**") + f" ({len(val['failures'])} failures)" if val else "-"
+        link = f"[artifact]({artifact_url(r['artifact'])})" if r.get("artifact") else ""
+        state = f"**{r['error']}**" if r.get("error") else ""
+        lines.append(f"| {r['stage']} | {_cell(stats.get('docs_in', '-'))} | {_cell(stats.get('docs_out', '-'))} | "
+                     f"{_cell(sum(stats.get('dropped', {}).values()))} | {stats.get('wall_seconds', '-')} | "
+                     f"{check} | {link} {state} |")
+    lines += ["", f"Data Docs: [{docs_link(p)}]({docs_link(p)}) (served by `make docs` / `make ui`)"]
+    return "\n".join(lines)
+
+
+def publish_summary(rows: list[dict], p: PipelineParams, outcome: str):
+    return create_markdown_artifact(key="pipeline-summary", markdown=summary_markdown(rows, p, outcome),
+                                    description="Every stage of this pipeline run, linking to each stage's artifact")

@@ -5,40 +5,60 @@ Triggered from the Prefect UI through the deployment in prefect.yaml, or run dir
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
+from typing import Literal
 
 from prefect import flow, get_run_logger
 from prefect.states import Failed
 
 from flows.dvc_sync import record_in_dvc
-from flows.stages import STAGE_FLOWS, failed, resolve
+from flows.artifacts import publish_summary
+from flows.stages import DEFAULT_PARAMS, STAGE_FLOWS, failed, resolve
 from tasks.core.config import PipelineParams, load_params
 from tasks.core.errors import ConfigError, describe, exit_code_of
 from tasks.core.registry import PIPELINE
+from tasks.core.runner import stats_path
+
+
+StageName = Literal[PIPELINE]  # the custom-run form offers the stage names
 
 
 @flow(name="pretraining-pipeline")
-def pretraining_pipeline(params: PipelineParams | None = None, params_file: str = "params.yaml",
-                         stages: list[str] | None = None) -> dict:
-    """Run the pipeline DAG (all stages, or the named ones in DAG order) on params.yaml or `params`."""
+def pretraining_pipeline(params: PipelineParams = DEFAULT_PARAMS, params_file: str | None = None,
+                         stages: list[StageName] | None = None) -> dict:
+    """Run the pipeline DAG: every stage in order, each validated before the next.
+
+    Args:
+        params: Every pipeline parameter; the form opens with params.yaml's values.
+        params_file: A params file to read instead of `params` (leave empty to use `params`).
+        stages: Run only these stages, in DAG order (leave empty for all).
+    """
+    rows: list[dict] = []
+    p = params
     try:
         p = resolve(params, params_file)
-        unknown = set(stages or []) - set(PIPELINE)
-        if unknown:
-            raise ConfigError(f"unknown stage(s) {sorted(unknown)}; stages: {', '.join(PIPELINE)}")
-        chosen = [s for s in PIPELINE if stages is None or s in stages]
-        results = {}
+        chosen = [s for s in PIPELINE if not stages or s in stages]
         for s in chosen:
-            state = STAGE_FLOWS[s](params=p, params_file=params_file, return_state=True)
+            state = STAGE_FLOWS[s](params=p, return_state=True)
             if not state.is_completed():  # the stage's one line becomes the pipeline's state message
+                rows.append({"stage": s, "stats": _stats_or_none(p, s), "error": state.message})
                 get_run_logger().error("stage %s: %s", s, state.message)
+                publish_summary(rows, p, f"failed at stage {s}")
                 return Failed(message=state.message)
-            results[s] = state.result()
-        get_run_logger().info(record_in_dvc(chosen, p, params_file))
-        return results
+            stats = state.result()
+            rows.append({"stage": s, "stats": stats, "artifact": stats.get("artifact")})
+        get_run_logger().info(record_in_dvc(chosen, p, params_file or "params.yaml"))
+        publish_summary(rows, p, "completed")
+        return {r["stage"]: r["stats"] for r in rows}
     except Exception as e:
         return failed(e)
+
+
+def _stats_or_none(p: PipelineParams, stage: str) -> dict | None:
+    path = stats_path(p, stage)
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
 def main(argv: list[str]) -> int:

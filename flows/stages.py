@@ -8,15 +8,18 @@ import json
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.futures import as_completed
 from prefect.states import Failed, State
+from tqdm import tqdm
 
 from flows.artifacts import publish
 from flows.runners import build_task_runner
 from tasks.core.config import PipelineParams, load_params
-from tasks.core.errors import describe
+from tasks.core.errors import ConfigError, describe
 from tasks.core.passes import Shard
 from tasks.core.registry import STAGES
-from tasks.core.runner import process_shard, run_stage
+from tasks.core.runner import process_shard, run_stage, stats_path
 from tasks.core.stage import Context, Stage
 from tasks.validation import ExpectationFailed, validate_stage
 
@@ -27,14 +30,35 @@ def shard_task(stage: str, pass_name: str, params: PipelineParams, shard: Shard,
 
 
 def map_with_prefect(stage: str, pass_name: str, p: PipelineParams, shards: list[Shard], ctx: Context) -> list[dict]:
-    with build_task_runner(p.runner) as runner:
+    """Shards as Prefect tasks; progress as a Prefect progress artifact and a console bar."""
+    if not shards:
+        return []
+    progress = create_progress_artifact(0.0, description=f"{stage}: pass {pass_name}, {len(shards)} shards")
+    with build_task_runner(p.runner) as runner, \
+            tqdm(total=len(shards), desc=f"{stage}.{pass_name}", unit="shard", disable=None) as bar:
         futures = [runner.submit(shard_task, {"stage": stage, "pass_name": pass_name, "params": p, "shard": s,
                                               "ctx": ctx}) for s in shards]
+        for done, _ in enumerate(as_completed(futures), 1):
+            bar.update(1)
+            update_progress_artifact(progress, 100.0 * done / len(shards))
         return [f.result() for f in futures]
 
 
-def resolve(params: PipelineParams | None, params_file: str) -> PipelineParams:
-    return params if params is not None else load_params(params_file)
+def params_yaml_defaults() -> PipelineParams:
+    """params.yaml as the flows' default `params`: read when this module is imported, so the UI's
+    custom-run form opens filled in (at deploy time) and a quick run reads it fresh (each run of a
+    process worker starts a new process). Unreadable: the models' defaults."""
+    try:
+        return load_params("params.yaml")
+    except ConfigError:
+        return PipelineParams()
+
+
+DEFAULT_PARAMS = params_yaml_defaults()
+
+
+def resolve(params: PipelineParams, params_file: str | None) -> PipelineParams:
+    return load_params(params_file) if params_file else params
 
 
 def run_stage_flow(stage: str, p: PipelineParams) -> dict:
@@ -43,11 +67,18 @@ def run_stage_flow(stage: str, p: PipelineParams) -> dict:
     try:
         report = validate_stage(stage, p)
     except ExpectationFailed as e:
-        publish(stats, None, failure=str(e))
+        publish(_with_validation(stats, p), e.report, p, failure=describe(e)[1])
         raise
-    publish(stats, report)
+    stats = _with_validation(stats, p)
+    artifact = publish(stats, report, p)
     log.info("%s: %s", stage, json.dumps({k: stats.get(k) for k in ("docs_in", "docs_out", "dropped")}))
-    return stats
+    return {**stats, "artifact": str(artifact)}
+
+
+def _with_validation(stats: dict, p: PipelineParams) -> dict:
+    """stats.json as validation left it (it records its result and seconds there)."""
+    path = stats_path(p, stats["stage"])
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else stats
 
 
 def failed(e: Exception) -> State:
@@ -61,14 +92,19 @@ def failed(e: Exception) -> State:
 
 
 def _stage_flow(st: Stage):
-    def stage_flow(params: PipelineParams | None = None, params_file: str = "params.yaml") -> dict:
+    def stage_flow(params: PipelineParams = DEFAULT_PARAMS, params_file: str | None = None) -> dict:
         try:
             return run_stage_flow(st.name, resolve(params, params_file))
         except Exception as e:
             return failed(e)
 
     stage_flow.__name__ = stage_flow.__qualname__ = f"{st.name}_flow"
-    stage_flow.__doc__ = st.doc
+    stage_flow.__doc__ = f"""{st.doc}
+
+    Args:
+        params: Every pipeline parameter; the form opens with params.yaml's values.
+        params_file: A params file to read instead of `params` (leave empty to use `params`).
+    """
     return flow(name=f"stage-{st.name}", description=st.doc)(stage_flow)
 
 

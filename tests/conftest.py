@@ -15,6 +15,8 @@ os.environ["DO_NOT_TRACK"] = "1"
 os.environ["DVC_NO_ANALYTICS"] = "1"
 os.environ["GX_ANALYTICS_ENABLED"] = "False"
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# a loaded 2-core CI machine needs more than Prefect's default 20 s to start a temporary server
+os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "180"
 os.environ.pop("PREFECT_API_URL", None)
 
 REPO = Path(__file__).resolve().parent.parent

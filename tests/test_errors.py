@@ -86,7 +86,7 @@ def test_task_file_errors_are_one_line_exit_2(tmp_path):
     root = _decontam_ready(tmp_path / "w", bench)
     out = cli(root, "decontaminate")
     assert out.returncode == 2
-    assert one_line(out.stderr).startswith(f"input file error: task 'boolq': line 3: not valid JSON")
+    assert one_line(out.stderr).startswith("input file error: task 'boolq': line 3: not valid JSON")
     assert str(boolq) in out.stderr
 
     shutil.rmtree(bench)  # the whole benchmarks folder missing

@@ -26,7 +26,7 @@ def server(tmp_path_factory):
     home = tmp_path_factory.mktemp("prefect-server-home")
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": api,
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": api, "PREFECT_UI_URL": f"http://127.0.0.1:{port}",
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PATH": f"{BIN}:{os.environ['PATH']}"}
     log = open(home / "server.log", "w")
     proc = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
@@ -77,7 +77,7 @@ def test_pipeline_against_server_publishes_artifacts(server, tmp_path):
     arts = api(server, "/artifacts/filter",
                {"artifacts": {"key": {"any_": ["download-stats", "extract-stats", "decontaminate-stats"]}}})
     text = {a["key"]: a["data"] for a in arts}
-    assert "| docs out |" in text["extract-stats"] and "Validation **passed**" in text["extract-stats"]
+    assert "| docs out |" in text["extract-stats"] and "### Validation passed" in text["extract-stats"]
     assert "Data Docs" in text["download-stats"]
     assert "| lambada |" in text["decontaminate-stats"] and "Task n-gram index" in text["decontaminate-stats"]
 
@@ -86,7 +86,7 @@ def test_deployment_triggered_like_the_ui(server, tmp_path):
     repo = copy_project(tmp_path)
     prefect = str(BIN / "prefect")
     run([prefect, "work-pool", "create", "local-process", "--type", "process", "--overwrite"], repo, server)
-    run([prefect, "--no-prompt", "deploy", "--all"], repo, server)
+    run([prefect, "--no-prompt", "deploy", "--all"], repo, {**server, "PWD": str(repo)})
     out = run([prefect, "deployment", "run", "pretraining-pipeline/sample"], repo, server)
     run_id = re.search(r"UUID: ([0-9a-f-]{36})", out).group(1)
     run([prefect, "worker", "start", "--pool", "local-process", "--run-once"], repo, server)
@@ -144,3 +144,67 @@ def test_a_failing_stage_fails_the_run_with_the_cli_line(server, tmp_path):
         if r["state_type"] != "COMPLETED":
             failed.setdefault(api(server, f"/flows/{r['flow_id']}")["name"], []).append(r["state"]["message"])
     assert failed == {"pretraining-pipeline": [line], "stage-sample": [line]}  # the sample plants task passages
+
+
+def _chromium():
+    if not Path("/usr/bin/chromium").exists():
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+    return sync_playwright
+
+
+def test_ui_quick_run_shows_summary_plots_and_data_docs(server, tmp_path):
+    """As a person would: deploy, press Run -> Quick run in the UI, let a worker run it, then find
+    the summary artifact on the run, a plot that renders and a Data Docs link that opens."""
+    sync_playwright = _chromium()
+    docs_port = free_port()
+    repo = copy_project(tmp_path, paths={"docs_url": f"http://127.0.0.1:{docs_port}"})
+    (repo / "data/docs").mkdir(parents=True, exist_ok=True)
+    docs = subprocess.Popen([sys.executable, "-m", "http.server", str(docs_port), "--bind", "127.0.0.1",
+                             "--directory", str(repo / "data/docs")], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    prefect, ui = str(BIN / "prefect"), server["PREFECT_UI_URL"]
+    try:
+        run([prefect, "work-pool", "create", "local-process", "--type", "process", "--overwrite"], repo, server)
+        run([prefect, "deploy", "--all"], repo, {**server, "PREFECT_CLI_PROMPT": "false", "PWD": str(repo)})
+        dep = api(server, "/deployments/filter", {"deployments": {"name": {"any_": ["sample"]}}})[0]
+        assert dep["schedules"] == [] and dep["parameters"] == {}
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"{ui}/deployments/deployment/{dep['id']}/run")  # the custom-run form
+            page.wait_for_timeout(3000)
+            values = page.eval_on_selector_all("textarea, input", "els => els.map(e => e.value)")
+            assert f"http://127.0.0.1:{docs_port}" in values, "the form opens filled in from params.yaml"
+            assert page.get_by_text("N Warc Files").count() and page.get_by_text("Every pipeline parameter").count()
+            page.goto(f"{ui}/deployments/deployment/{dep['id']}")
+            page.get_by_role("button", name="Run", exact=True).click()  # top right, beside the menu
+            page.get_by_text("Quick run").first.click()
+            page.wait_for_timeout(2000)
+            runs = api(server, "/flow_runs/filter", {"flow_runs": {"deployment_id": {"any_": [dep["id"]]}}})
+            assert len(runs) == 1, "the Quick run button must create one flow run"
+            run([prefect, "worker", "start", "--pool", "local-process", "--run-once"], repo, server)
+            flow_run = api(server, f"/flow_runs/{runs[0]['id']}")
+            assert flow_run["state_type"] == "COMPLETED", flow_run["state"]
+            arts = api(server, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [flow_run["id"]]}}})
+            summary = next(a for a in arts if a["key"] == "pipeline-summary")
+            assert "| extract |" in summary["data"] and "/artifacts/artifact/" in summary["data"]
+
+            page.goto(f"{ui}/artifacts/artifact/{summary['id']}")
+            page.wait_for_timeout(3000)
+            link = page.locator("tr", has_text="extract").get_by_role("link", name="artifact").get_attribute("href")
+            assert link.startswith(f"{ui}/artifacts/artifact/")
+            page.goto(link)  # the extract stage's artifact
+            page.wait_for_timeout(3000)
+            assert "Stage" in page.content() and "expect_column_values_to_be_unique" in page.content()
+            widths = page.eval_on_selector_all("img", "els => els.filter(e => e.src.startsWith('data:image/png'))"
+                                                      ".map(e => e.naturalWidth)")
+            assert widths and all(w > 100 for w in widths), widths  # the plots rendered
+            page.screenshot(path=str(tmp_path / "extract-artifact.png"))
+            href = page.get_by_role("link", name="Data Docs").first.get_attribute("href")
+            assert href == f"http://127.0.0.1:{docs_port}/index.html"
+            page.goto(href)
+            assert "Data Docs" in page.title() or "expectation" in page.content().lower()
+            browser.close()
+    finally:
+        os.killpg(docs.pid, signal.SIGTERM)

@@ -27,6 +27,10 @@ class PathsParams(Strict):
         "../shared/benchmarks",
         description="Folder with the official evaluation-task files (see README).",
     )
+    docs_url: str = Field(
+        "http://127.0.0.1:4201", pattern=r"^https?://[^\s]+$",
+        description="Where `make docs` (and `make ui`) serve the docs folder under data_dir: the Data Docs link in artifacts.",
+    )
 
 
 class RunnerParams(Strict):

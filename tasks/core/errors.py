@@ -41,6 +41,7 @@ class ExpectationFailed(PipelineError, RuntimeError):
 
     def __init__(self, stage: str, failures: list[str], docs: str):
         self.stage, self.failures, self.docs = stage, failures, docs
+        self.report = None  # the full ValidationReport, attached by tasks.validation
         super().__init__(f"stage '{stage}' failed validation: " + "; ".join(failures) + f" (Data Docs: {docs})")
 
 

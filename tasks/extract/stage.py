@@ -148,6 +148,7 @@ def _extract_warc(shard: Shard, tmp: Path, p: PipelineParams) -> ShardStats:
                 st.drop("empty_text")
                 continue
             lang, score = language(text, p)
+            _count(st, f"lang.{lang}")
             w.write({"id": f"common-crawl/{shard.name}/{rec_index}", "text": text, "dataset": "common-crawl",
                      "url": url, "crawl": crawl, "lang": lang, "lang_score": score})
     st.docs_out, st.bytes_out = w.docs, w.text_bytes
@@ -161,6 +162,7 @@ def _langid_curated(shard: Shard, tmp: Path, p: PipelineParams) -> ShardStats:
             st.docs_in += 1
             st.bytes_in += len(doc["text"].encode("utf-8"))
             doc["lang"], doc["lang_score"] = language(doc["text"], p)
+            _count(st, f"lang.{doc['lang']}")
             w.write(doc)
     st.docs_out, st.bytes_out = w.docs, w.text_bytes
     return st

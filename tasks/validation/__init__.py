@@ -29,7 +29,9 @@ def validate_stage(stage: str, p: PipelineParams, raise_on_failure: bool = True)
     report.seconds = round(time.perf_counter() - start, 3)
     record_validation(p, stage, report)
     if report.failures and raise_on_failure:
-        raise ExpectationFailed(stage, report.failures, report.docs)
+        err = ExpectationFailed(stage, report.failures, report.docs)
+        err.report = report
+        raise err
     return report
 
 

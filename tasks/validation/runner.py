@@ -28,6 +28,8 @@ class ValidationReport:
     failures: list[str] = field(default_factory=list)
     docs: str = ""
     seconds: float = 0.0
+    # per expectation over all batches: {"expectation", "column", "unexpected", "passed"}
+    results: list[dict] = field(default_factory=list)
 
     @property
     def success(self) -> bool:
@@ -98,6 +100,18 @@ def _context(docs_dir: Path):
     return ctx
 
 
+def _tally(result, table: dict) -> None:
+    """Add one run's outcome per (expectation, column) to `table` (unexpected counts summed)."""
+    for vr in result.run_results.values():
+        for r in vr.results:
+            c = r.expectation_config
+            key = (c.type, c.kwargs.get("column", "<table>"))
+            row = table.setdefault(key, {"expectation": key[0], "column": key[1], "unexpected": 0, "passed": True})
+            n = r.result.get("unexpected_count")
+            row["unexpected"] += n if isinstance(n, int) else (0 if r.success else 1)
+            row["passed"] = row["passed"] and bool(r.success)
+
+
 def _failures(result) -> list[tuple[str, str, object]]:
     out = []
     for vr in result.run_results.values():
@@ -123,9 +137,12 @@ def run_suite(stage: str, expectations: list, batches: Iterator[Batch],
     checkpoint = ctx.checkpoints.add(gx.Checkpoint(
         name=f"{stage}_checkpoint", validation_definitions=[vd], result_format="SUMMARY", actions=[]))
     report = ValidationReport(stage, expectations=len(expectations), docs=str((docs_dir / "index.html").resolve()))
+    table: dict = {}
     for batch in batches:
         report.batches += 1
-        whole = _failures(checkpoint.run(batch_parameters={"dataframe": batch.frame}, run_id=None))
+        result = checkpoint.run(batch_parameters={"dataframe": batch.frame}, run_id=None)
+        _tally(result, table)
+        whole = _failures(result)
         failed = []
         if whole and len(batch.shards) > 1:  # name the shard(s): re-check each one of this batch
             for name, a, b in batch.shards:
@@ -135,6 +152,7 @@ def run_suite(stage: str, expectations: list, batches: Iterator[Batch],
         seen = {(t, col) for t, col, *_ in failed}  # what no single shard shows: e.g. an id in two shards
         failed += [(t, col, n, batch.name) for t, col, n in whole if (t, col) not in seen]
         report.failures += [f"{t} on column '{col}': {n} unexpected in shard {name}" for t, col, n, name in failed]
+    report.results = list(table.values())
     ctx.build_data_docs(site_names=["pipeline"])  # once, after every batch (not per batch)
     if report.failures and raise_on_failure:
         raise ExpectationFailed(stage, report.failures, report.docs)

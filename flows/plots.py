@@ -1,0 +1,54 @@
+"""The distributions a person would rather see than read, as small PNG bar charts. They are
+embedded in the stages' markdown artifacts as data URIs, so they show inside the Prefect UI with
+no file server (checked in Chromium against the V1 UI)."""
+from __future__ import annotations
+
+import base64
+import io
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display: files only
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def bar_png(title: str, counts: dict[str, float], xlabel: str = "") -> bytes:
+    """A horizontal bar chart, largest first (at most 20 bars; the rest summed as "other")."""
+    items = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    if len(items) > 20:
+        items = items[:19] + [("other", sum(v for _, v in items[19:]))]
+    labels, values = [k for k, _ in items][::-1], [v for _, v in items][::-1]
+    fig, ax = plt.subplots(figsize=(6.4, 0.35 * len(items) + 1.2), dpi=90)
+    ax.barh(labels, values, color="#3b82f6")
+    ax.set_title(title, fontsize=11)
+    ax.set_xlabel(xlabel)
+    for y, v in enumerate(values):
+        ax.text(v, y, f" {v:,.0f}", va="center", fontsize=8)
+    ax.margins(x=0.15)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None})  # no version string: same bytes each run
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def stage_plots(stats: dict) -> list[tuple[str, bytes]]:
+    """The charts a stage's stats.json supports: kept vs dropped by reason, languages, per-task
+    matches, the sample's kinds of page."""
+    out = []
+    if "docs_out" in stats:
+        kept = {"kept": stats["docs_out"], **{f"dropped: {k}": v for k, v in stats.get("dropped", {}).items()}}
+        out.append(("Documents kept and dropped", bar_png(f"{stats['stage']}: kept and dropped", kept, "documents")))
+    langs = {k.split(".", 1)[1]: v for k, v in stats.get("extra", {}).items() if k.startswith("lang.")}
+    if langs:
+        out.append(("Languages", bar_png(f"{stats['stage']}: languages", langs, "documents")))
+    tasks = {t: row.get("training_docs_matched", 0) for t, row in stats.get("tasks", {}).items()}
+    if tasks:
+        out.append(("Documents matched per task", bar_png("training documents matched per task", tasks, "documents")))
+    if isinstance(stats.get("kinds"), dict):
+        out.append(("Sample pages by kind", bar_png("sample: pages by kind", stats["kinds"], "pages")))
+    return out
+
+
+def data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode()
