@@ -178,10 +178,14 @@ def test_ui_quick_run_shows_summary_plots_and_data_docs(server, tmp_path):
             assert f"http://127.0.0.1:{docs_port}" in values, "the form opens filled in from params.yaml"
             assert page.get_by_text("N Warc Files").count() and page.get_by_text("Every pipeline parameter").count()
             page.goto(f"{ui}/deployments/deployment/{dep['id']}")
+            # another test in this session may already have run the same deployment: count new runs only
+            before = {r["id"] for r in api(server, "/flow_runs/filter",
+                                           {"flow_runs": {"deployment_id": {"any_": [dep["id"]]}}})}
             page.get_by_role("button", name="Run", exact=True).click()  # top right, beside the menu
             page.get_by_text("Quick run").first.click()
             page.wait_for_timeout(2000)
-            runs = api(server, "/flow_runs/filter", {"flow_runs": {"deployment_id": {"any_": [dep["id"]]}}})
+            runs = [r for r in api(server, "/flow_runs/filter",
+                                   {"flow_runs": {"deployment_id": {"any_": [dep["id"]]}}}) if r["id"] not in before]
             assert len(runs) == 1, "the Quick run button must create one flow run"
             run([prefect, "worker", "start", "--pool", "local-process", "--run-once"], repo, server)
             flow_run = api(server, f"/flow_runs/{runs[0]['id']}")
