@@ -1,0 +1,87 @@
+"""Fused LM head + softmax cross-entropy, chunked over tokens so the [tokens, vocab] logits are never
+materialised. Per chunk: logits = hidden @ weight.T (cuBLAS), one kernel for each row's max and sum of
+exponentials, the vocab-parallel combination in torch collectives, one kernel overwriting the logits
+with the scaled gradient, then the two gradient matmuls. The gradients are finished in forward (the
+loss is the graph's last op) and scaled by the incoming gradient in backward, as Liger's kernel does."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from kernels import reference, runtime
+
+FILE = "cross_entropy.cu"
+
+
+def default_chunk(tokens: int, vocab: int, hidden: int) -> int:
+    """Chunks whose logits are about 4x the hidden activations they come from, and at least 1024 rows
+    so the matmuls stay efficient."""
+    return max(1024, min(tokens, 4 * tokens * hidden // max(vocab, 1)))
+
+
+class FusedLinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, target, ignore_index, reduction, chunk, group, vocab_start):
+        tokens, cols = hidden.shape[0], weight.shape[0]
+        valid = target != ignore_index
+        scale = valid.float()
+        if reduction == "mean":
+            scale = scale / valid.sum().clamp(min=1)
+        grad_hidden = torch.empty_like(hidden)
+        grad_weight = torch.zeros_like(weight) if weight.requires_grad else None
+        loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        threads = 512
+        for start in range(0, tokens, chunk):
+            stop = min(tokens, start + chunk)
+            h, t, n = hidden[start:stop], target[start:stop], stop - start
+            logits = h @ weight.t()
+            vec = runtime.vector_width(cols, logits)
+            row_max, sum_exp, picked = (torch.empty(n, dtype=torch.float32, device=h.device) for _ in range(3))
+            runtime.launch(FILE, runtime.expression("xent_stats", logits.dtype, vec), (n,), (threads,),
+                           (logits, t, runtime.i64(vocab_start), row_max, sum_exp, picked, runtime.i32(cols)))
+            if group is not None:
+                local_max = row_max.clone()
+                dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=group)
+                sum_exp *= torch.exp(local_max - row_max)
+                dist.all_reduce(sum_exp, group=group)
+                dist.all_reduce(picked, group=group)
+            lse = row_max + sum_exp.log()
+            loss += ((lse - picked) * scale[start:stop]).sum()
+            runtime.launch(FILE, runtime.expression("xent_grad", logits.dtype, vec), (n,), (threads,),
+                           (logits, t, runtime.i64(vocab_start), lse, scale[start:stop].contiguous(), runtime.i32(cols)))
+            torch.mm(logits, weight, out=grad_hidden[start:stop])
+            if grad_weight is not None:
+                grad_weight.addmm_(logits.t(), h)
+            del logits  # before the next chunk's logits are allocated: one chunk alive at a time
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        g = grad_loss.to(grad_hidden.dtype)
+        return (grad_hidden * g, None if grad_weight is None else grad_weight * g,
+                None, None, None, None, None, None)
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, *,
+                         ignore_index: int = -100, reduction: str = "mean", chunk: int | None = None,
+                         group: dist.ProcessGroup | None = None, vocab_start: int = 0,
+                         fused: bool = True) -> torch.Tensor:
+    """Mean (or summed) cross-entropy of `hidden @ weight.T` against `target`, over tokens whose target
+    is not `ignore_index`. `weight` is this rank's vocabulary slice [vocab_local, hidden] starting at
+    `vocab_start`; `group` is the tensor-parallel group (None: the whole vocabulary is here). The
+    gradient reaching `hidden` is this rank's partial sum: the caller's tensor-parallel region all-reduces it."""
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+    hidden2 = hidden.reshape(-1, hidden.shape[-1])
+    target1 = target.reshape(-1)
+    if target1.numel() != hidden2.shape[0]:
+        raise ValueError(f"{hidden2.shape[0]} hidden rows but {target1.numel()} targets")
+    if fused and runtime.supports(hidden2, weight) and hidden2.is_contiguous():
+        target1 = target1.to(torch.int64).contiguous()
+        chunk = chunk or default_chunk(hidden2.shape[0], weight.shape[0], weight.shape[1])
+        return FusedLinearCrossEntropy.apply(hidden2, weight, target1, ignore_index, reduction, chunk, group,
+                                             vocab_start)
+    return reference.linear_cross_entropy(hidden2, weight, target1, ignore_index=ignore_index,
+                                          reduction=reduction, group=group, vocab_start=vocab_start)

@@ -1,0 +1,54 @@
+// Softmax cross-entropy over a chunk of logits [rows, cols] (cols = this rank's vocabulary slice,
+// starting at vocab_start). Pass 1 (stats): each row's max and sum of exp(x - max), one read, online;
+// the caller combines them across tensor-parallel ranks in torch. Pass 2 (grad): overwrite the logits
+// in place with weight[row] * (softmax - onehot(target)), so the full-precision probabilities are
+// never stored. One block per row.
+
+template <typename T, int VEC>
+__global__ void xent_stats(const T* __restrict__ logits, const long long* __restrict__ target, long long vocab_start,
+                           float* __restrict__ row_max, float* __restrict__ row_sumexp,
+                           float* __restrict__ target_logit, int cols) {
+  __shared__ float scratch[33];
+  const long long row = blockIdx.x;
+  const T* xr = logits + row * cols;
+  const int nvec = cols / VEC;
+  float m = NEG_INF, s = 0.f;
+  for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
+    float a[VEC];
+    load_vec<T, VEC>(xr + v * VEC, a);
+    float vm = a[0];
+#pragma unroll
+    for (int k = 1; k < VEC; ++k) vm = fmaxf(vm, a[k]);
+    const float nm = fmaxf(m, vm);
+    float acc = 0.f;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) acc += __expf(a[k] - nm);
+    s = s * __expf(m - nm) + acc;  // m = -inf at first: exp(-inf) = 0
+    m = nm;
+  }
+  const float bm = block_max(m, scratch);
+  s = block_sum(m == NEG_INF ? 0.f : s * __expf(m - bm), scratch);
+  if (threadIdx.x == 0) {
+    row_max[row] = bm;
+    row_sumexp[row] = s;
+    const long long t = target[row] - vocab_start;
+    target_logit[row] = (t >= 0 && t < cols) ? to_float(xr[t]) : 0.f;
+  }
+}
+
+template <typename T, int VEC>
+__global__ void xent_grad(T* __restrict__ logits, const long long* __restrict__ target, long long vocab_start,
+                          const float* __restrict__ lse, const float* __restrict__ weight, int cols) {
+  const long long row = blockIdx.x;
+  T* xr = logits + row * cols;
+  const float w = weight[row], l = lse[row];
+  const long long t = target[row] - vocab_start;
+  const int nvec = cols / VEC;
+  for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
+    float a[VEC];
+    load_vec<T, VEC>(xr + v * VEC, a);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) a[k] = w * (__expf(a[k] - l) - (v * VEC + k == t ? 1.f : 0.f));
+    store_vec<T, VEC>(xr + v * VEC, a);
+  }
+}

@@ -1,0 +1,152 @@
+// LayerNorm over the last dimension with fp32 statistics. A row lives in registers: SLOTS vectors of
+// VEC elements per thread. WARP = true: one warp per row (short rows, shuffle-only reductions, several
+// rows per block); WARP = false: one block per row. Backward computes dx and, in the same pass, this
+// block's partial sums of dgamma and dbeta ([blocks, cols] fp32, summed by torch).
+
+template <bool WARP>
+__device__ __forceinline__ float row_sum(float v, float* scratch) {
+  return WARP ? warp_sum(v) : block_sum(v, scratch);
+}
+
+template <typename T, int VEC, int SLOTS, bool WARP>
+__global__ void layer_norm_fwd(const T* __restrict__ x, const T* __restrict__ gamma, const T* __restrict__ beta,
+                               T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
+                               long long rows, int cols, float eps) {
+  __shared__ float scratch[33];
+  const int tid = WARP ? (threadIdx.x & 31) : threadIdx.x;
+  const int row_threads = WARP ? 32 : blockDim.x;
+  const int rows_per_block = WARP ? (blockDim.x >> 5) : 1;
+  const int nvec = cols / VEC;
+  float g[SLOTS][VEC], b[SLOTS][VEC];
+#pragma unroll
+  for (int s = 0; s < SLOTS; ++s) {
+    const int v = tid + s * row_threads;
+    if (v < nvec) { load_vec<T, VEC>(gamma + v * VEC, g[s]); load_vec<T, VEC>(beta + v * VEC, b[s]); }
+  }
+  for (long long row = (long long)blockIdx.x * rows_per_block + (WARP ? (threadIdx.x >> 5) : 0); row < rows;
+       row += (long long)gridDim.x * rows_per_block) {
+    const T* xr = x + row * cols;
+    float a[SLOTS][VEC];
+    float sum = 0.f;
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+      const int v = tid + s * row_threads;
+      if (v < nvec) {
+        load_vec<T, VEC>(xr + v * VEC, a[s]);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) sum += a[s][k];
+      }
+    }
+    const float mean = row_sum<WARP>(sum, scratch) / cols;
+    float sq = 0.f;  // two-pass variance from registers: no cancellation
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+      if (tid + s * row_threads < nvec) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) { const float d = a[s][k] - mean; sq += d * d; }
+      }
+    }
+    const float rstd = rsqrtf(row_sum<WARP>(sq, scratch) / cols + eps);
+    T* yr = y + row * cols;
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+      const int v = tid + s * row_threads;
+      if (v < nvec) {
+        float o[VEC];
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) o[k] = (a[s][k] - mean) * rstd * g[s][k] + b[s][k];
+        store_vec<T, VEC>(yr + v * VEC, o);
+      }
+    }
+    if (tid == 0) { mean_out[row] = mean; rstd_out[row] = rstd; }
+  }
+}
+
+template <typename T, int VEC, int SLOTS, bool WARP>
+__global__ void layer_norm_bwd(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ gamma,
+                               const float* __restrict__ mean_in, const float* __restrict__ rstd_in,
+                               T* __restrict__ dx, float* __restrict__ dgamma_part, float* __restrict__ dbeta_part,
+                               long long rows, int cols) {
+  __shared__ float scratch[33];
+  extern __shared__ float block_acc[];  // WARP only: 2 * cols floats, the block's dgamma and dbeta
+  const int tid = WARP ? (threadIdx.x & 31) : threadIdx.x;
+  const int row_threads = WARP ? 32 : blockDim.x;
+  const int rows_per_block = WARP ? (blockDim.x >> 5) : 1;
+  const int nvec = cols / VEC;
+  float g[SLOTS][VEC], ga[SLOTS][VEC], ba[SLOTS][VEC];
+#pragma unroll
+  for (int s = 0; s < SLOTS; ++s) {
+    const int v = tid + s * row_threads;
+    if (v < nvec) load_vec<T, VEC>(gamma + v * VEC, g[s]);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) { ga[s][k] = 0.f; ba[s][k] = 0.f; }
+  }
+  const float inv_cols = 1.f / cols;
+  for (long long row = (long long)blockIdx.x * rows_per_block + (WARP ? (threadIdx.x >> 5) : 0); row < rows;
+       row += (long long)gridDim.x * rows_per_block) {
+    const float mean = mean_in[row], rstd = rstd_in[row];
+    float xh[SLOTS][VEC], d[SLOTS][VEC];
+    float s1 = 0.f, s2 = 0.f;
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+      const int v = tid + s * row_threads;
+      if (v < nvec) {
+        load_vec<T, VEC>(x + row * cols + v * VEC, xh[s]);
+        load_vec<T, VEC>(dy + row * cols + v * VEC, d[s]);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          xh[s][k] = (xh[s][k] - mean) * rstd;
+          ga[s][k] += d[s][k] * xh[s][k];
+          ba[s][k] += d[s][k];
+          d[s][k] *= g[s][k];  // from here on d is dy * gamma
+          s1 += d[s][k];
+          s2 += d[s][k] * xh[s][k];
+        }
+      }
+    }
+    s1 = row_sum<WARP>(s1, scratch) * inv_cols;
+    s2 = row_sum<WARP>(s2, scratch) * inv_cols;
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+      const int v = tid + s * row_threads;
+      if (v < nvec) {
+        float o[VEC];
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) o[k] = rstd * (d[s][k] - s1 - xh[s][k] * s2);
+        store_vec<T, VEC>(dx + row * cols + v * VEC, o);
+      }
+    }
+  }
+  if (WARP) {  // fold the block's warps together in shared memory before writing one partial row
+    for (int i = threadIdx.x; i < 2 * cols; i += blockDim.x) block_acc[i] = 0.f;
+    __syncthreads();
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+      const int v = tid + s * row_threads;
+      if (v < nvec) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          atomicAdd(&block_acc[v * VEC + k], ga[s][k]);
+          atomicAdd(&block_acc[cols + v * VEC + k], ba[s][k]);
+        }
+      }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+      dgamma_part[blockIdx.x * (long long)cols + i] = block_acc[i];
+      dbeta_part[blockIdx.x * (long long)cols + i] = block_acc[cols + i];
+    }
+  } else {
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+      const int v = tid + s * row_threads;
+      if (v < nvec) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          dgamma_part[blockIdx.x * (long long)cols + v * VEC + k] = ga[s][k];
+          dbeta_part[blockIdx.x * (long long)cols + v * VEC + k] = ba[s][k];
+        }
+      }
+    }
+  }
+}

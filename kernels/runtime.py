@@ -1,0 +1,195 @@
+"""CuPy side of the fused kernels: compile the CUDA sources on first use, hand torch tensors to them
+zero-copy through DLPack, and launch on torch's current CUDA stream.
+
+Each (kernel, dtype, vector width, row layout) instantiation is its own small RawModule, compiled
+lazily by NVRTC and kept in CuPy's on-disk cache, so a process compiles only what it launches."""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+SOURCE_DIR = Path(__file__).parent / "cuda"
+SOURCES = ("bias_gelu.cu", "layer_norm.cu", "causal_softmax.cu", "cross_entropy.cu")
+CUDA_TYPE = {torch.float32: "float", torch.bfloat16: "bf16", torch.float16: "fp16"}
+NVRTC_OPTIONS = ("-std=c++17",)
+
+
+def source(name: str) -> str:
+    """The compilable text of one kernel file: the shared header, then the file."""
+    return (SOURCE_DIR / "common.cuh").read_text() + "\n" + (SOURCE_DIR / name).read_text()
+
+
+@functools.cache
+def fused_available() -> bool:
+    """True when a CUDA device and CuPy are both usable; the torch reference paths are used otherwise."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import cupy
+    except ImportError:
+        return False
+    return bool(cupy.is_available())
+
+
+def supports(*tensors: torch.Tensor) -> bool:
+    """The fused path takes contiguous CUDA tensors of one of the three float types, all the same."""
+    first = tensors[0]
+    return (fused_available() and first.is_cuda and first.dtype in CUDA_TYPE
+            and all(t.is_cuda and t.dtype == first.dtype and t.is_contiguous() for t in tensors))
+
+
+@functools.cache
+def _function(file: str, expression: str, device: int = 0):
+    """The compiled kernel (a cupy.RawKernel), once per process and device."""
+    import cupy
+    with cupy.cuda.Device(device):
+        module = cupy.RawModule(code=source(file), options=NVRTC_OPTIONS, name_expressions=[expression])
+        kernel = module.get_function(expression)
+        kernel.kernel  # load it onto the device now, not inside the first (possibly captured) launch
+    return kernel
+
+
+@functools.cache
+def _stream(pointer: int, device: int):
+    import cupy
+    import warnings
+    with warnings.catch_warnings():  # Stream.from_external wants a __cuda_stream__ object; a pointer is what we have
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return cupy.cuda.ExternalStream(pointer, device)
+
+
+def _arg(value):
+    """A tensor travels as its device pointer: zero-copy, like a DLPack view, but ~10x cheaper per call
+    (cupy.from_dlpack costs microseconds per tensor, and a training step launches hundreds of kernels).
+    Scalars must arrive as numpy scalars of the C parameter's exact type (i32/i64/f32 below): CuPy
+    packs a Python int as 8 bytes and a float as a double, which shifts every later parameter."""
+    if isinstance(value, torch.Tensor):
+        return np.uint64(value.data_ptr())
+    if isinstance(value, (int, float)):
+        raise TypeError(f"kernel scalar {value!r} must be typed with runtime.i32/i64/f32")
+    return value
+
+
+def i32(v) -> np.int32:
+    return np.int32(v)
+
+
+def i64(v) -> np.int64:
+    return np.int64(v)
+
+
+def f32(v) -> np.float32:
+    return np.float32(v)
+
+
+def launch(file: str, expression: str, grid, block, args, shared_mem: int = 0) -> None:
+    """Run one kernel on torch's current stream of the first tensor argument's device."""
+    device = next(a.device for a in args if isinstance(a, torch.Tensor)).index
+    kernel = _function(file, expression, device).kernel
+    stream = _stream(torch.cuda.current_stream(device).cuda_stream, device)
+    kernel(tuple(grid), tuple(block), tuple(_arg(a) for a in args), shared_mem, stream)
+
+
+def as_cupy(t: torch.Tensor):
+    """A CuPy view of a tensor through DLPack (16-bit floats as int16: CuPy has no bf16), for
+    interoperating with CuPy code; the launches above pass raw pointers instead."""
+    import cupy
+    return cupy.from_dlpack((t.view(torch.int16) if t.dtype in (torch.bfloat16, torch.float16) else t).detach())
+
+
+def aligned(t: torch.Tensor) -> torch.Tensor:
+    """Contiguous and 16-byte aligned (a gradient can arrive as an offset view), copying only if not."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+def vector_width(cols: int, *tensors: torch.Tensor) -> int:
+    """16-byte accesses when every row starts 16-byte aligned; single elements otherwise (odd sizes)."""
+    size = tensors[0].element_size()
+    vec = 16 // size
+    aligned = all(t.data_ptr() % 16 == 0 for t in tensors)
+    return vec if aligned and cols % vec == 0 else 1
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """How a row of `cols` elements sits in registers: `slots` vectors per thread, one warp per row
+    (`warp`, several rows per block) or one block of `threads` per row. `per_sm`: blocks resident per
+    multiprocessor (from the compiled kernel's registers); launches are one such wave, grid-striding."""
+    vec: int
+    slots: int
+    warp: bool
+    threads: int
+    per_sm: int = 1
+
+    def grid(self, rows: int, multiprocessors: int) -> int:
+        per_block = self.threads // 32 if self.warp else 1
+        return max(1, min(math.ceil(rows / per_block), multiprocessors * self.per_sm))
+
+
+@functools.cache
+def row_layout(file: str, kernel: str, dtype: torch.dtype, cols: int, vec: int,
+               max_slots: int, device: int = 0) -> RowLayout | None:
+    """Rows of at most 32 vectors: a warp each, 8 warps per block (shuffle-only reductions). Longer
+    rows: a block each, of at most 256 threads while more slots per thread are allowed (more
+    independent loads per thread, more blocks per multiprocessor), up to 1024 at `max_slots`.
+    None when a row does not fit in registers (the caller then uses the reference path)."""
+    nvec = cols // vec
+    if nvec <= 32:
+        lay = RowLayout(vec, 1, True, 256)
+    else:
+        for slots in (1, 2, 4, 8):
+            if slots > max_slots:
+                return None
+            threads = 32 * math.ceil(math.ceil(nvec / slots) / 32)
+            if threads <= 256 or (slots == max_slots and threads <= 1024):
+                break
+        lay = RowLayout(vec, slots, False, threads)
+    compiled = _function(file, expression(kernel, dtype, lay), device)
+    if lay.threads > compiled.max_threads_per_block:
+        return None
+    per_sm = max(1, min(2048 // lay.threads, 65536 // max(1, compiled.num_regs * lay.threads)))
+    return RowLayout(lay.vec, lay.slots, lay.warp, lay.threads, per_sm)
+
+
+def expression(kernel: str, dtype: torch.dtype, layout: RowLayout | int) -> str:
+    """The template instantiation for a kernel, as NVRTC and nvcc both spell it."""
+    if isinstance(layout, RowLayout):
+        warp = "true" if layout.warp else "false"
+        return f"{kernel}<{CUDA_TYPE[dtype]}, {layout.vec}, {layout.slots}, {warp}>"
+    return f"{kernel}<{CUDA_TYPE[dtype]}, {layout}>"
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def multiprocessors(device: torch.device) -> int:
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def every_instantiation() -> dict[str, list[str]]:
+    """Each source file and the instantiations the wrappers can ask of it (used by the nvcc check)."""
+    out: dict[str, list[str]] = {}
+    for dtype in CUDA_TYPE:
+        full = 16 // torch.tensor([], dtype=dtype).element_size()
+        for vec in sorted({full, 1}):
+            out.setdefault("bias_gelu.cu", []).extend(
+                expression(k, dtype, vec) for k in ("bias_gelu_fwd", "bias_gelu_bwd"))
+            out.setdefault("cross_entropy.cu", []).extend(
+                expression(k, dtype, vec) for k in ("xent_stats", "xent_grad"))
+            layouts = [RowLayout(vec, s, True, 256) for s in (1, 2, 4)]
+            layouts += [RowLayout(vec, s, False, 0) for s in (1, 2, 4, 8)]
+            for lay in layouts:
+                out.setdefault("layer_norm.cu", []).append(expression("layer_norm_fwd", dtype, lay))
+                out.setdefault("causal_softmax.cu", []).append(expression("causal_softmax_fwd", dtype, lay))
+                if lay.slots <= 4:
+                    out["layer_norm.cu"].append(expression("layer_norm_bwd", dtype, lay))
+                    out["causal_softmax.cu"].append(expression("causal_softmax_bwd", dtype, lay))
+    return out

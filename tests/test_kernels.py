@@ -1,0 +1,139 @@
+"""Kernels without a GPU: the reference paths against plain torch, the model on either path, and every
+CUDA source compiled by nvcc for sm_80 and sm_90 (a syntax error in a kernel cannot land)."""
+from __future__ import annotations
+
+import math
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernels
+from kernels import compile_check
+from trainer.config import ModelParams
+from trainer.model import GPT
+
+
+def test_bias_gelu_reference_is_the_tanh_formula():
+    x, b = torch.randn(5, 33, dtype=torch.float64), torch.randn(33, dtype=torch.float64)
+    u = x + b
+    expected = 0.5 * u * (1 + torch.tanh(math.sqrt(2 / math.pi) * (u + 0.044715 * u ** 3)))
+    torch.testing.assert_close(kernels.bias_gelu(x, b), expected)
+
+
+def test_layer_norm_reference_matches_nn_layernorm():
+    ln = torch.nn.LayerNorm(48, eps=1e-5).double()
+    torch.nn.init.normal_(ln.weight)
+    torch.nn.init.normal_(ln.bias)
+    x = torch.randn(3, 7, 48, dtype=torch.float64)
+    torch.testing.assert_close(kernels.layer_norm(x, ln.weight, ln.bias, 1e-5), ln(x))
+
+
+def test_causal_softmax_reference_has_megatron_semantics():
+    x = torch.randn(2, 3, 6, 6)
+    y = kernels.scaled_causal_softmax(x, 0.5)
+    for r in range(6):  # row r: softmax of 0.5 * x over columns 0..r, zeros after
+        torch.testing.assert_close(y[..., r, : r + 1], torch.softmax(0.5 * x[..., r, : r + 1], -1))
+        assert (y[..., r, r + 1:] == 0).all()
+    assert kernels.scaled_causal_softmax(x.bfloat16(), 0.5).dtype == torch.bfloat16
+    with pytest.raises(ValueError, match=r"square \[\.\.\., sq, sq\] scores, got shape \(2, 3, 4\)"):
+        kernels.scaled_causal_softmax(torch.randn(2, 3, 4))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_linear_cross_entropy_reference_matches_f_cross_entropy(reduction):
+    h = torch.randn(40, 16, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
+    t = torch.randint(0, 50, (40,))
+    t[::5] = -100
+    loss = kernels.linear_cross_entropy(h, w, t, reduction=reduction)
+    expected = F.cross_entropy(h @ w.t(), t, ignore_index=-100, reduction=reduction)
+    torch.testing.assert_close(loss, expected)
+    g1 = torch.autograd.grad(loss, [h, w])
+    g2 = torch.autograd.grad(expected, [h, w])
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match="reduction must be 'mean' or 'sum'"):
+        kernels.linear_cross_entropy(h, w, t, reduction="none")
+
+
+def _vocab_parallel_rank(rank: int, port: int, queue) -> None:
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    torch.manual_seed(0)
+    h = torch.randn(12, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(10, 8, dtype=torch.float64)
+    t = torch.tensor([0, 9, 4, 5, -100, 1, 2, 3, 6, 7, 8, 5])
+    shard = w[rank * 5:(rank + 1) * 5].clone().requires_grad_(True)
+    loss = kernels.linear_cross_entropy(h, shard, t, group=dist.group.WORLD, vocab_start=rank * 5)
+    loss.backward()
+    dh = h.grad.clone()
+    dist.all_reduce(dh)  # what the column-parallel region's backward does
+    queue.put((rank, loss.item(), dh, shard.grad))
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_vocab_parallel_reference_equals_the_whole_vocabulary():
+    import torch.multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    queue, port = ctx.Queue(), _free_port()
+    procs = [ctx.Process(target=_vocab_parallel_rank, args=(r, port, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = dict((r, rest) for r, *rest in (queue.get(timeout=120) for _ in procs))
+    for p in procs:
+        p.join(timeout=60)
+    torch.manual_seed(0)
+    h = torch.randn(12, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(10, 8, dtype=torch.float64, requires_grad=True)
+    t = torch.tensor([0, 9, 4, 5, -100, 1, 2, 3, 6, 7, 8, 5])
+    loss = F.cross_entropy(h @ w.t(), t, ignore_index=-100)
+    loss.backward()
+    for rank in (0, 1):
+        assert got[rank][0] == pytest.approx(loss.item(), rel=1e-12)
+        torch.testing.assert_close(got[rank][1], h.grad)
+        torch.testing.assert_close(got[rank][2], w.grad[rank * 5:(rank + 1) * 5])
+
+
+def test_model_is_the_same_function_with_and_without_fused_kernels():
+    p = ModelParams(n_layer=2, n_head=4, d_model=64, vocab_size=96, seq_len=16)
+    torch.manual_seed(0)
+    a, b = GPT(p), GPT(p.model_copy(update={"fused_kernels": False, "attention": "softmax"}))
+    b.load_state_dict(a.state_dict())
+    tokens = torch.randint(0, 96, (3, 17))
+    la, lb = a(tokens[:, :-1], tokens[:, 1:]), b(tokens[:, :-1], tokens[:, 1:])
+    torch.testing.assert_close(la, lb)
+    assert a(tokens[:, :-1]).shape == (3, 16, 96)
+    assert la.item() == pytest.approx(math.log(96), rel=0.05), "a fresh model predicts near-uniformly"
+
+
+def test_model_params_refuse_heads_that_do_not_divide():
+    with pytest.raises(ValueError, match="n_head 5 does not divide d_model 64"):
+        ModelParams(n_head=5, d_model=64)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (CUDA toolkit) not installed")
+def test_every_kernel_source_compiles_with_nvcc_for_sm80_and_sm90():
+    assert compile_check.compile_all(("sm_80", "sm_90")) == {}
+
+
+def test_compile_check_reports_a_broken_kernel(tmp_path, monkeypatch):
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc (CUDA toolkit) not installed")
+    from kernels import runtime
+    broken = tmp_path / "cuda"
+    shutil.copytree(runtime.SOURCE_DIR, broken)
+    text = (broken / "bias_gelu.cu").read_text().replace("store_vec<T, VEC>(y + e, a);", "store_vec<T, VEC>(y + e, a)")
+    (broken / "bias_gelu.cu").write_text(text)
+    monkeypatch.setattr(runtime, "SOURCE_DIR", broken)
+    monkeypatch.setattr(runtime, "every_instantiation", lambda: {"bias_gelu.cu": ["bias_gelu_fwd<float, 4>"]})
+    failures = compile_check.compile_all(("sm_80",))
+    assert list(failures) == [("bias_gelu.cu", "sm_80")] and "error" in failures[("bias_gelu.cu", "sm_80")]
