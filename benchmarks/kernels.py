@@ -198,34 +198,36 @@ def megatron_flops(p, batch: int) -> float:
     return 72 * batch * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h))
 
 
-def bench_step(reps: int, batch: int) -> float:
+def bench_step(reps: int, batch: int, with_compile: bool = False) -> float:
     from trainer.config import ModelParams
     from trainer.model import GPT
     p = ModelParams(n_layer=24, n_head=16, d_model=1024, vocab_size=50304, seq_len=2048)
     torch.manual_seed(0)
     tokens = torch.randint(0, p.vocab_size, (batch, p.seq_len + 1), device="cuda")
     setups = {}
-    for fused in (True, False):
+    variants = [("fused", True, False), ("torch", False, False)] + ([("torch.compile", False, True)] if with_compile else [])
+    for label, fused, compiled in variants:
         model = GPT(p.model_copy(update={"fused_kernels": fused})).to("cuda", torch.bfloat16)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+        forward = torch.compile(model) if compiled else model
 
-        def step(model=model, opt=opt):
-            loss = model(tokens[:, :-1], tokens[:, 1:])
+        def step(forward=forward, opt=opt):
+            loss = forward(tokens[:, :-1], tokens[:, 1:])
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-        setups[fused] = step
-    times = {True: [], False: []}
+        setups[label] = step
+    times = {label: [] for label in setups}
     for _ in range(3):  # interleaved rounds
-        for fused, step in setups.items():
-            times[fused].append(timed(step, reps))
+        for label, step in setups.items():
+            times[label].append(timed(step, reps))
     ms = {k: statistics.median(v) for k, v in times.items()}
     flops = megatron_flops(p, batch)
-    for fused in (False, True):
-        tflops = flops / ms[fused] / 1e9
-        print(f"step 350M bf16 batch {batch}x{p.seq_len} fused={fused}: {ms[fused]:.1f} ms, "
-              f"{batch * p.seq_len / ms[fused] * 1e3:,.0f} tokens/s, {tflops:.0f} TFLOP/s, MFU {tflops * 1e12 / DENSE_BF16_PEAK:.3f}")
-    return ms[False] / ms[True]
+    for label in setups:
+        tflops = flops / ms[label] / 1e9
+        print(f"step 350M bf16 batch {batch}x{p.seq_len} {label}: {ms[label]:.1f} ms, "
+              f"{batch * p.seq_len / ms[label] * 1e3:,.0f} tokens/s, {tflops:.0f} TFLOP/s, MFU {tflops * 1e12 / DENSE_BF16_PEAK:.3f}")
+    return ms["torch"] / ms["fused"]
 
 
 def main(argv=None) -> int:
@@ -233,6 +235,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compile-only", action="store_true", help="only compile every kernel with nvcc")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile baselines")
     ap.add_argument("--skip-step", action="store_true", help="skip the 350M training-step comparison")
+    ap.add_argument("--step-compile", action="store_true",
+                    help="also time the plain model under torch.compile in the step comparison")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--batch", type=int, default=8, help="sequences per training step")
     args = ap.parse_args(argv)
@@ -257,7 +261,7 @@ def main(argv=None) -> int:
               f"{r['vs_compile']:>12.2f}")
     losers = [r["kernel"] for r in rows if r["vs_compile"] < 1]
     print("slower than torch.compile: " + (", ".join(losers) if losers else "none"))
-    step = float("nan") if args.skip_step else bench_step(max(3, args.reps // 10), args.batch)
+    step = float("nan") if args.skip_step else bench_step(max(3, args.reps // 10), args.batch, args.step_compile)
     speedups = [r["vs_eager"] for r in rows if r["vs_eager"] == r["vs_eager"]]
     fractions = [r["bw_fraction"] for r in rows if r["bw_fraction"] == r["bw_fraction"]]
     print(f"kernels_min_speedup_vs_eager={min(speedups):.2f} kernels_min_bw_fraction={min(fractions):.2f} "

@@ -1,13 +1,17 @@
 // y = gelu_tanh(x + bias) over rows of `cols` features; backward gives dx and per-row-chunk
 // partial sums of dbias (summed over chunks by torch: a [chunks, cols] fp32 tensor, tiny).
 
-__device__ __forceinline__ float gelu_tanh(float u) {
-  const float t = tanhf(0.7978845608028654f * u * (1.f + 0.044715f * u * u));
-  return 0.5f * u * (1.f + t);
+// 0.5 * (1 + tanh(z)) == sigmoid(2z): one fast exp and one fast reciprocal instead of tanhf, whose
+// precise software sequence made the kernel compute-bound. exp overflow gives s = 0, the exact limit.
+__device__ __forceinline__ float gelu_sigmoid(float u) {
+  const float z = 0.7978845608028654f * u * (1.f + 0.044715f * u * u);
+  return __frcp_rn(1.f + __expf(-2.f * z));
 }
+__device__ __forceinline__ float gelu_tanh(float u) { return u * gelu_sigmoid(u); }
 __device__ __forceinline__ float gelu_tanh_grad(float u) {
-  const float t = tanhf(0.7978845608028654f * u * (1.f + 0.044715f * u * u));
-  return 0.5f * u * ((1.f - t * t) * (0.7978845608028654f + 0.1070322243f * u * u)) + 0.5f * (1.f + t);
+  // d/du [0.5 u (1 + tanh z)] = s + 2 u s (1 - s) dz/du, with s = sigmoid(2z), 1 - tanh^2 = 4 s (1 - s)
+  const float s = gelu_sigmoid(u);
+  return s + 2.f * u * s * (1.f - s) * (0.7978845608028654f + 0.1070322243f * u * u);
 }
 
 // One thread per VEC consecutive elements, grid-stride; needs cols % VEC == 0.
@@ -40,18 +44,23 @@ __global__ void bias_gelu_bwd(const T* __restrict__ dy, const T* __restrict__ x,
   load_vec<T, VEC>(bias + c, b);
 #pragma unroll
   for (int k = 0; k < VEC; ++k) acc[k] = 0.f;
-#pragma unroll 4
-  for (long long r = r0; r < r1; ++r) {
+  for (long long r = r0; r < r1; r += 2) {  // two rows per step: four loads in flight per thread
+    const bool two = r + 1 < r1;
     const long long e = r * cols + c;
-    float g[VEC], a[VEC];
-    load_vec<T, VEC>(dy + e, g);
-    load_vec<T, VEC>(x + e, a);
+    float g[2][VEC], a[2][VEC];
+    load_vec<T, VEC>(dy + e, g[0]);
+    load_vec<T, VEC>(x + e, a[0]);
+    if (two) { load_vec<T, VEC>(dy + e + cols, g[1]); load_vec<T, VEC>(x + e + cols, a[1]); }
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      g[k] *= gelu_tanh_grad(a[k] + b[k]);
-      acc[k] += to_float(from_float<T>(g[k]));  // dbias sums the dx that is returned
+    for (int j = 0; j < 2; ++j) {
+      if (j == 1 && !two) break;
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        g[j][k] *= gelu_tanh_grad(a[j][k] + b[k]);
+        acc[k] += to_float(from_float<T>(g[j][k]));  // dbias sums the dx that is returned
+      }
+      store_vec<T, VEC>(dx + e + j * cols, g[j]);
     }
-    store_vec<T, VEC>(dx + e, g);
   }
   float* out = dbias_partial + blockIdx.y * (long long)cols + c;
 #pragma unroll

@@ -76,3 +76,23 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
   v = lane < nwarps ? scratch[lane] : NEG_INF;
   return warp_max(v);
 }
+
+// One row's SLOTS vectors of this thread (vector v = tid + s * row_threads); slots past the row's
+// end, or wholly past `last_col` (causal rows), are left untouched and must not be read.
+template <typename T, int VEC, int SLOTS>
+__device__ __forceinline__ void load_row(const T* row, int tid, int row_threads, int nvec, int last_col,
+                                         float (&a)[SLOTS][VEC]) {
+#pragma unroll
+  for (int s = 0; s < SLOTS; ++s) {
+    const int v = tid + s * row_threads;
+    if (v < nvec && v * VEC <= last_col) load_vec<T, VEC>(row + (long long)v * VEC, a[s]);
+  }
+}
+
+template <int VEC, int SLOTS>
+__device__ __forceinline__ void copy_row(const float (&from)[SLOTS][VEC], float (&to)[SLOTS][VEC]) {
+#pragma unroll
+  for (int s = 0; s < SLOTS; ++s)
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) to[s][k] = from[s][k];
+}
