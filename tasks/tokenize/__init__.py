@@ -1,0 +1,1 @@
+"""Stage `tokenize` (in progress): BPE tokenizer, Megatron-format .bin/.idx datasets and the weighted blend."""
