@@ -23,6 +23,7 @@ class FusedBiasGelu(torch.autograd.Function):
         return y
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, dy: torch.Tensor):
         x, bias = ctx.saved_tensors
         dy = runtime.aligned(dy)
@@ -38,7 +39,7 @@ class FusedBiasGelu(torch.autograd.Function):
         partial = torch.empty(chunks, cols, dtype=torch.float32, device=x.device)
         runtime.launch(FILE, runtime.expression("bias_gelu_bwd", x.dtype, vec), (col_blocks, chunks), (threads,),
                        (dy, x, bias, dx, partial, runtime.i64(rows), runtime.i32(cols)))
-        return dx, partial.sum(0).to(bias.dtype)
+        return dx, partial.sum(0).to(bias.dtype).view_as(bias)
 
 
 def bias_gelu(x: torch.Tensor, bias: torch.Tensor, fused: bool = True) -> torch.Tensor:

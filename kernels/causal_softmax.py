@@ -24,6 +24,7 @@ class FusedCausalSoftmax(torch.autograd.Function):
         return y
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, dy: torch.Tensor):
         (y,) = ctx.saved_tensors
         lay: runtime.RowLayout = ctx.bwd

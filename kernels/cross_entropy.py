@@ -21,14 +21,25 @@ def default_chunk(tokens: int, vocab: int, hidden: int) -> int:
 
 class FusedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, target, ignore_index, reduction, chunk, group, vocab_start):
+    def forward(ctx, hidden, weight, target, ignore_index, reduction, chunk, group, vocab_start, grad_enabled):
+        # grad_enabled: the caller's torch.is_grad_enabled() (forward itself always runs without grad).
+        # autocast off inside: the out= matmuls below do not autocast, so all three follow the inputs' dtype
+        with torch.autocast("cuda", enabled=False):
+            return FusedLinearCrossEntropy._forward(ctx, hidden, weight, target, ignore_index, reduction, chunk,
+                                                    group, vocab_start, grad_enabled)
+
+    @staticmethod
+    def _forward(ctx, hidden, weight, target, ignore_index, reduction, chunk, group, vocab_start, grad_enabled):
         tokens, cols = hidden.shape[0], weight.shape[0]
         valid = target != ignore_index
         scale = valid.float()
         if reduction == "mean":
             scale = scale / valid.sum().clamp(min=1)
-        grad_hidden = torch.empty_like(hidden)
-        grad_weight = torch.zeros_like(weight) if weight.requires_grad else None
+        # under no_grad (evaluation) only the loss is computed: no gradient kernel, no gradient matmuls
+        need_hidden = grad_enabled and hidden.requires_grad
+        need_weight = grad_enabled and weight.requires_grad
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        grad_weight = torch.zeros_like(weight) if need_weight else None
         loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
         threads = 512
         for start in range(0, tokens, chunk):
@@ -47,9 +58,12 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
                 dist.all_reduce(picked, group=group)
             lse = row_max + sum_exp.log()
             loss += ((lse - picked) * scale[start:stop]).sum()
+            if not (need_hidden or need_weight):
+                continue
             runtime.launch(FILE, runtime.expression("xent_grad", logits.dtype, vec), (n,), (threads,),
                            (logits, t, runtime.i64(vocab_start), lse, scale[start:stop].contiguous(), runtime.i32(cols)))
-            torch.mm(logits, weight, out=grad_hidden[start:stop])
+            if grad_hidden is not None:
+                torch.mm(logits, weight, out=grad_hidden[start:stop])
             if grad_weight is not None:
                 grad_weight.addmm_(logits.t(), h)
             del logits  # before the next chunk's logits are allocated: one chunk alive at a time
@@ -57,11 +71,12 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
         return loss
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # the gradients are constants computed in forward
     def backward(ctx, grad_loss):
         grad_hidden, grad_weight = ctx.saved_tensors
-        g = grad_loss.to(grad_hidden.dtype)
-        return (grad_hidden * g, None if grad_weight is None else grad_weight * g,
-                None, None, None, None, None, None)
+        return (None if grad_hidden is None else grad_hidden * grad_loss.to(grad_hidden.dtype),
+                None if grad_weight is None else grad_weight * grad_loss.to(grad_weight.dtype),
+                None, None, None, None, None, None, None)
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, *,
@@ -78,10 +93,12 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     target1 = target.reshape(-1)
     if target1.numel() != hidden2.shape[0]:
         raise ValueError(f"{hidden2.shape[0]} hidden rows but {target1.numel()} targets")
-    if fused and runtime.supports(hidden2, weight) and hidden2.is_contiguous():
-        target1 = target1.to(torch.int64).contiguous()
+    # fp16 stays on the reference path: the gradient, finished in forward before the loss scale
+    # arrives in backward, would underflow (1/tokens * softmax ~ 1e-9 is 0 in fp16); bf16 has fp32's range
+    if fused and hidden2.dtype != torch.float16 and runtime.supports(hidden2, weight) and hidden2.is_contiguous():
+        target1 = target1.to(hidden2.device, torch.int64).contiguous()
         chunk = chunk or default_chunk(hidden2.shape[0], weight.shape[0], weight.shape[1])
         return FusedLinearCrossEntropy.apply(hidden2, weight, target1, ignore_index, reduction, chunk, group,
-                                             vocab_start)
+                                             vocab_start, torch.is_grad_enabled())
     return reference.linear_cross_entropy(hidden2, weight, target1, ignore_index=ignore_index,
                                           reduction=reduction, group=group, vocab_start=vocab_start)

@@ -26,6 +26,7 @@ class FusedLayerNorm(torch.autograd.Function):
         return y
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, dy: torch.Tensor):
         x, weight, mean, rstd = ctx.saved_tensors
         lay: runtime.RowLayout = ctx.bwd
@@ -39,7 +40,7 @@ class FusedLayerNorm(torch.autograd.Function):
         runtime.launch(FILE, runtime.expression("layer_norm_bwd", x.dtype, lay), (blocks,), (lay.threads,),
                        (dy, x, weight, mean, rstd, dx, parts[0], parts[1], runtime.i64(rows), runtime.i32(cols)), shared_mem=shared)
         sums = parts.sum(1).to(weight.dtype)
-        return dx, sums[0], sums[1], None, None, None
+        return dx, sums[0].view_as(weight), sums[1].view_as(weight), None, None, None
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5,

@@ -39,7 +39,7 @@ def fused_available() -> bool:
 def supports(*tensors: torch.Tensor) -> bool:
     """The fused path takes contiguous CUDA tensors of one of the three float types, all the same."""
     first = tensors[0]
-    return (fused_available() and first.is_cuda and first.dtype in CUDA_TYPE
+    return (fused_available() and first.is_cuda and first.dtype in CUDA_TYPE and first.numel() > 0
             and all(t.is_cuda and t.dtype == first.dtype and t.is_contiguous() for t in tensors))
 
 
@@ -88,11 +88,17 @@ def f32(v) -> np.float32:
 
 
 def launch(file: str, expression: str, grid, block, args, shared_mem: int = 0) -> None:
-    """Run one kernel on torch's current stream of the first tensor argument's device."""
+    """Run one kernel on torch's current stream of the first tensor argument's device (CuPy loads a
+    kernel for the current CUDA device, so a tensor on another GPU switches to it for the launch)."""
+    import cupy
     device = next(a.device for a in args if isinstance(a, torch.Tensor)).index
-    kernel = _function(file, expression, device).kernel
     stream = _stream(torch.cuda.current_stream(device).cuda_stream, device)
-    kernel(tuple(grid), tuple(block), tuple(_arg(a) for a in args), shared_mem, stream)
+    call = (tuple(grid), tuple(block), tuple(_arg(a) for a in args), shared_mem, stream)
+    if cupy.cuda.runtime.getDevice() == device:
+        _function(file, expression, device).kernel(*call)
+    else:
+        with cupy.cuda.Device(device):
+            _function(file, expression, device).kernel(*call)
 
 
 def as_cupy(t: torch.Tensor):

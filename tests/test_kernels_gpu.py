@@ -92,7 +92,7 @@ def test_linear_cross_entropy(dtype, tokens, vocab, hidden, chunk, reduction):
     g = torch.tensor(1.7, device="cuda")  # an incoming gradient that is not 1
 
     def fused(h, w):
-        return FusedLinearCrossEntropy.apply(h, w, t, -100, reduction, chunk, None, 0)
+        return FusedLinearCrossEntropy.apply(h, w, t, -100, reduction, chunk, None, 0, True)
 
     def ref(h, w):
         return reference.linear_cross_entropy(h, w, t, reduction=reduction)
@@ -144,3 +144,33 @@ def test_training_step_matches_reference(dtype, attention):
         rel = ((got - ref).norm() / ref.norm().clamp(min=1e-12)).item()
         assert rel <= (1e-4 if dtype == torch.float32 else 1e-2), f"grad {name}: relative error {rel:.2e}"
         close(results[True][2][name], results[False][2][name], dtype, f"after step {name}")
+
+
+def test_cross_entropy_under_no_grad_and_autocast_and_fp16():
+    h = torch.randn(300, 64, device="cuda", dtype=torch.bfloat16)
+    w = (torch.randn(1001, 64, device="cuda", dtype=torch.bfloat16) * 0.1).requires_grad_(True)
+    t = torch.randint(0, 1001, (300,), device="cuda")
+    ref = reference.linear_cross_entropy(h.double(), w.detach().double(), t)
+    with torch.no_grad():  # evaluation: the loss alone, no gradient work
+        close(kernels.linear_cross_entropy(h, w, t), ref, torch.bfloat16, "no_grad loss")
+    w32 = w.detach().float().requires_grad_(True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):  # fp32 weights under autocast: matmuls follow the inputs
+        loss = kernels.linear_cross_entropy(h.float(), w32, t)
+    loss.backward()
+    assert w32.grad is not None and torch.isfinite(w32.grad).all()
+    # fp16 takes the reference path (a gradient finished in forward would underflow before loss scaling)
+    h16, w16 = h.half(), w.detach().half().requires_grad_(True)
+    loss16 = kernels.linear_cross_entropy(h16, w16, t)
+    assert loss16.grad_fn is not None and "Fused" not in type(loss16.grad_fn).__name__
+    # t on the CPU is moved, not passed as a host pointer
+    close(kernels.linear_cross_entropy(h, w.detach(), t.cpu()), ref, torch.bfloat16, "cpu targets")
+
+
+def test_empty_inputs_and_double_backward():
+    b = torch.randn(64, device="cuda")
+    assert kernels.bias_gelu(torch.randn(0, 64, device="cuda"), b).shape == (0, 64)
+    x = torch.randn(8, 64, device="cuda", requires_grad=True)
+    y = kernels.bias_gelu(x, b)
+    (g,) = torch.autograd.grad(y.sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError):
+        g.sum().backward()  # once_differentiable: a second derivative is refused, not silently zero
