@@ -1,0 +1,74 @@
+"""Byte-level BPE (GPT-2's scheme) through Hugging Face `tokenizers`: trained on the pipeline's own
+text, streamed in batches, or loaded from a user's GPT-2 `vocab.json` + `merges.txt` or a
+`tokenizer.json`. Every tokenizer here has the end-of-document token `<|endoftext|>`, appended after
+each document. Byte-level: any text encodes (characters never seen in training become byte tokens)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+EOD = "<|endoftext|>"
+
+
+class TokenizerFileError(ValueError):
+    """A tokenizer file that cannot serve: missing, unreadable, or without the end-of-document token."""
+
+
+def _byte_level(tok: Tokenizer) -> Tokenizer:
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def train(batches: Iterable[list[str]], vocab_size: int, min_frequency: int = 2) -> Tokenizer:
+    """Train on text arriving in batches (the corpus is never held in memory). The vocabulary holds
+    the 256 byte symbols, the end-of-document token and up to vocab_size - 257 merges."""
+    if vocab_size < 257:
+        raise ValueError(f"vocab_size must be at least 257 (256 bytes + {EOD}), got {vocab_size}")
+    tok = _byte_level(Tokenizer(models.BPE()))
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[EOD],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+
+    def texts() -> Iterator[str]:
+        for batch in batches:
+            yield from batch
+    tok.train_from_iterator(texts(), trainer=trainer)
+    return tok
+
+
+def load(path: Path, merges: Path | None = None) -> Tokenizer:
+    """A `tokenizer.json`, or GPT-2's `vocab.json` with its `merges.txt`."""
+    path = Path(path)
+    try:
+        if merges is None:
+            tok = Tokenizer.from_file(str(path))
+        else:
+            tok = _byte_level(Tokenizer(models.BPE.from_file(str(path), str(merges))))
+    except Exception as exc:  # tokenizers raises its own Exception type with the parser's message
+        raise TokenizerFileError(f"cannot load tokenizer from {path}{f' + {merges}' if merges else ''}: "
+                                 f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+    if tok.token_to_id(EOD) is None:
+        raise TokenizerFileError(f"tokenizer {path} has no end-of-document token {EOD!r}")
+    return tok
+
+
+def eod_id(tok: Tokenizer) -> int:
+    return tok.token_to_id(EOD)
+
+
+def encode_documents(tok: Tokenizer, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """All documents' tokens back to back, each followed by the end-of-document token, as
+    (tokens int32, per-document lengths int64). One encode_batch call (parallel in Rust)."""
+    eod = eod_id(tok)
+    encodings = tok.encode_batch(texts, add_special_tokens=False)
+    lengths = np.fromiter((len(e.ids) + 1 for e in encodings), dtype=np.int64, count=len(encodings))
+    tokens = np.empty(int(lengths.sum()), dtype=np.int32)
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    for e, s, end in zip(encodings, starts, ends):
+        tokens[s:end - 1] = e.ids
+    tokens[ends - 1] = eod
+    return tokens, lengths

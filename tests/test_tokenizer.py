@@ -1,0 +1,73 @@
+"""Byte-level BPE: trained on streamed text, saved and loaded in both formats users bring."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tasks.tokenize import tokenizer
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog. " * 3,
+    "Language models are trained on hundreds of billions of tokens.",
+    "Megatron-Turing NLG used 270 billion tokens from 15 datasets.",
+    "def f(x):\n    return x * 2  # code, with indentation\n",
+] * 20
+
+
+def batches(texts, size=7):
+    for i in range(0, len(texts), size):
+        yield texts[i:i + size]
+
+
+def test_trained_tokenizer_round_trips_any_text_and_ends_documents():
+    tok = tokenizer.train(batches(CORPUS), vocab_size=400)
+    assert 257 < tok.get_vocab_size() <= 400
+    unseen = ["naïve café — 東京 🚀", "", "\x00 control \u200b zero-width", "The quick brown fox"]
+    tokens, lengths = tokenizer.encode_documents(tok, unseen)
+    assert lengths.tolist() == [len(tok.encode(t, add_special_tokens=False).ids) + 1 for t in unseen]
+    ends = np.cumsum(lengths)
+    assert (tokens[ends - 1] == tokenizer.eod_id(tok)).all()
+    assert (tokens < tok.get_vocab_size()).all()
+    for text, start, end in zip(unseen, ends - lengths, ends):
+        assert tok.decode(tokens[start:end - 1].tolist()) == text  # characters never seen: byte tokens
+    common = tok.encode("The quick brown fox", add_special_tokens=False).ids
+    assert len(common) < len("The quick brown fox")  # merges learned from the corpus
+
+
+def test_training_is_deterministic():
+    a = tokenizer.train(batches(CORPUS), vocab_size=350).to_str()
+    b = tokenizer.train(batches(CORPUS, size=3), vocab_size=350).to_str()
+    assert a == b
+
+
+def test_saved_tokenizer_json_and_gpt2_files_load_to_the_same_encoder(tmp_path):
+    tok = tokenizer.train(batches(CORPUS), vocab_size=380)
+    tok.save(str(tmp_path / "tokenizer.json"))
+    tok.model.save(str(tmp_path))  # GPT-2 layout: vocab.json + merges.txt
+    a = tokenizer.load(tmp_path / "tokenizer.json")
+    b = tokenizer.load(tmp_path / "vocab.json", tmp_path / "merges.txt")
+    text = "Megatron-Turing NLG used 270 billion tokens, naïvely 🚀"
+    expected = tok.encode(text, add_special_tokens=False).ids
+    assert a.encode(text, add_special_tokens=False).ids == expected
+    assert b.encode(text, add_special_tokens=False).ids == expected
+    assert tokenizer.eod_id(a) == tokenizer.eod_id(b) == tok.token_to_id(tokenizer.EOD)
+
+
+def test_bad_tokenizer_files_name_the_cause(tmp_path):
+    with pytest.raises(tokenizer.TokenizerFileError, match="cannot load tokenizer from .*missing.json"):
+        tokenizer.load(tmp_path / "missing.json")
+    (tmp_path / "vocab.json").write_text(json.dumps({"a": 0, "b": 1, "ab": 2}))
+    (tmp_path / "merges.txt").write_text("#version: 0.2\na b\n")
+    with pytest.raises(tokenizer.TokenizerFileError, match=r"has no end-of-document token '<\|endoftext\|>'"):
+        tokenizer.load(tmp_path / "vocab.json", tmp_path / "merges.txt")
+    with pytest.raises(ValueError, match="vocab_size must be at least 257"):
+        tokenizer.train(batches(CORPUS), vocab_size=100)
+
+
+def test_empty_corpus_trains_the_byte_alphabet():
+    tok = tokenizer.train(iter([]), vocab_size=1000)
+    assert tok.get_vocab_size() == 257
+    tokens, lengths = tokenizer.encode_documents(tok, ["abc"])
+    assert lengths.tolist() == [4] and tok.decode(tokens[:3].tolist()) == "abc"
