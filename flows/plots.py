@@ -22,12 +22,33 @@ def bar_png(title: str, counts: dict[str, float], xlabel: str = "") -> bytes:
     ax.barh(labels, values, color="#3b82f6")
     ax.set_title(title, fontsize=11)
     ax.set_xlabel(xlabel)
+    fractional = any(v != int(v) for v in values) and max(values, default=0) < 100
     for y, v in enumerate(values):
-        ax.text(v, y, f" {v:,.0f}", va="center", fontsize=8)
+        ax.text(v, y, f" {v:,.2f}" if fractional else f" {v:,.0f}", va="center", fontsize=8)
     ax.margins(x=0.15)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", metadata={"Software": None})  # no version string: same bytes each run
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def shares_png(title: str, rows: dict[str, dict]) -> bytes:
+    """Target vs realised share per dataset, side by side (the blend's report)."""
+    names = sorted(rows, key=lambda n: -rows[n]["target_share"])[:20][::-1]
+    fig, ax = plt.subplots(figsize=(6.4, 0.45 * len(names) + 1.2), dpi=90)
+    y = range(len(names))
+    ax.barh([i + 0.2 for i in y], [rows[n]["target_share"] for n in names], height=0.4, color="#94a3b8",
+            label="target")
+    ax.barh([i - 0.2 for i in y], [rows[n]["realised_share"] for n in names], height=0.4, color="#3b82f6",
+            label="realised")
+    ax.set_yticks(list(y), names)
+    ax.set_title(title, fontsize=11)
+    ax.set_xlabel("share of training samples")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None})
     plt.close(fig)
     return buf.getvalue()
 
@@ -45,6 +66,10 @@ def stage_plots(stats: dict) -> list[tuple[str, bytes]]:
     tasks = {t: row.get("training_docs_matched", 0) for t, row in stats.get("tasks", {}).items()}
     if tasks:
         out.append(("Documents matched per task", bar_png("training documents matched per task", tasks, "documents")))
+    if isinstance(stats.get("blend"), dict) and stats["blend"]:
+        out.append(("Blend: target vs realised share", shares_png("blend: target vs realised share", stats["blend"])))
+        epochs = {name: row["epochs"] for name, row in stats["blend"].items()}
+        out.append(("Epochs per dataset", bar_png("epochs per dataset", epochs, "epochs")))
     if isinstance(stats.get("kinds"), dict):
         out.append(("Sample pages by kind", bar_png("sample: pages by kind", stats["kinds"], "pages")))
     return out

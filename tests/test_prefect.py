@@ -116,8 +116,8 @@ def test_shards_on_an_existing_dask_cluster(server, tmp_path):
         (repo / "params.yaml").write_text(yaml.safe_dump(raw))
         run([sys.executable, "-m", "flows.pipeline", "params.yaml"], repo, server)
         shard_keys = [k for k in Finished.keys if "shard" in k]
-        # 2 WARC + 2 curated shards through download, extract, the n-gram count pass and removal
-        assert len(shard_keys) == 4 * 4, shard_keys
+        # 2 WARC + 2 curated shards through download, extract, the n-gram count pass, removal and tokens
+        assert len(shard_keys) == 4 * 5, shard_keys
     stats = json.loads((repo / "data/extract/stats.json").read_text())
     assert stats["shards"] == 4 and stats["docs_out"] > 0
 

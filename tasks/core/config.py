@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tasks.core.errors import ConfigError
 
@@ -121,6 +121,41 @@ class DecontamParams(Strict):
         return v
 
 
+class BlendEntry(Strict):
+    dataset: str = Field(min_length=1, description="A value of the documents' `dataset` column.")
+    weight: float = Field(ge=0, description="Sampling weight (normalised over the blend; 0 leaves it out).")
+
+
+class TokenizeParams(Strict):
+    """Byte-level BPE, Megatron .bin/.idx datasets per `dataset`, and the weighted blend (MT-NLG)."""
+
+    input_stage: Literal["decontaminate"] = Field("decontaminate", description="Stage whose shards are tokenized.")
+    tokenizer_file: str = Field("", description="tokenizer.json, or GPT-2 vocab.json (with merges_file); "
+                                                "empty: train a byte-level BPE on the input.")
+    merges_file: str = Field("", description="GPT-2 merges.txt beside tokenizer_file's vocab.json.")
+    vocab_size: int = Field(50257, ge=257, le=2**31 - 1, description="Vocabulary of a trained tokenizer (GPT-2: 50257).")
+    min_frequency: int = Field(2, ge=1, description="A pair seen fewer times is not merged (training).")
+    train_max_docs: int = Field(0, ge=0, description="Documents the tokenizer trains on (0: all).")
+    batch_docs: int = Field(1000, ge=1, le=100_000, description="Documents per encode_batch call.")
+    seq_length: int = Field(2048, ge=2, description="Tokens per training sample (samples hold seq_length + 1).")
+    train_tokens: int = Field(270_000_000_000, ge=1, description="Training token budget (MT-NLG: 270B).")
+    seed: int = Field(1234, description="Seed of the document and sample shuffles.")
+    blend: list[BlendEntry] = Field(
+        default_factory=list,
+        description="Weight per dataset (epochs are derived from the token budget); empty: every dataset, "
+                    "weighted by its tokens (one epoch each at a budget equal to the corpus).")
+
+    @model_validator(mode="after")
+    def _unique_datasets(self):
+        names = [b.dataset for b in self.blend]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"blend names a dataset twice: {', '.join(dup)}")
+        if self.merges_file and not self.tokenizer_file:
+            raise ValueError("merges_file needs tokenizer_file (the vocab.json beside it)")
+        return self
+
+
 class PipelineParams(Strict):
     paths: PathsParams = PathsParams()
     runner: RunnerParams = RunnerParams()
@@ -128,6 +163,7 @@ class PipelineParams(Strict):
     download: DownloadParams = DownloadParams()
     extract: ExtractParams = ExtractParams()
     decontaminate: DecontamParams = DecontamParams()
+    tokenize: TokenizeParams = TokenizeParams()
 
     @field_validator("runner")
     @classmethod

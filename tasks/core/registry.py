@@ -7,8 +7,9 @@ from tasks.decontaminate.stage import STAGE as decontaminate
 from tasks.download.stage import STAGE as download
 from tasks.extract.stage import STAGE as extract
 from tasks.sample.stage import STAGE as sample
+from tasks.tokenize.stage import STAGE as tokenize
 
-STAGES: tuple[Stage, ...] = (sample, download, extract, decontaminate)
+STAGES: tuple[Stage, ...] = (sample, download, extract, decontaminate, tokenize)
 PIPELINE: tuple[str, ...] = tuple(s.name for s in STAGES)
 _BY_NAME = {s.name: s for s in STAGES}
 

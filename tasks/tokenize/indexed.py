@@ -61,6 +61,11 @@ class IndexedWriter:
         self._bin.write(np.concatenate(documents).astype(self.dtype, copy=False).tobytes())
         self._lengths.append(lengths.astype(np.int32))
 
+    def add_flat(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
+        """Append documents given as their tokens back to back and each one's length."""
+        self._bin.write(np.ascontiguousarray(tokens).astype(self.dtype, copy=False).tobytes())
+        self._lengths.append(np.asarray(lengths, dtype=np.int32))
+
     def add_raw(self, bin_file: Path, lengths: np.ndarray) -> None:
         """Append another dataset's `.bin` bytes as they are (same dtype) with its sequence lengths."""
         with open(bin_file, "rb") as src:

@@ -10,10 +10,12 @@ from typing import Iterable, Iterator
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from tasks.core.errors import InputFileError
+
 EOD = "<|endoftext|>"
 
 
-class TokenizerFileError(ValueError):
+class TokenizerFileError(InputFileError):
     """A tokenizer file that cannot serve: missing, unreadable, or without the end-of-document token."""
 
 
@@ -63,6 +65,8 @@ def encode_documents(tok: Tokenizer, texts: list[str]) -> tuple[np.ndarray, np.n
     """All documents' tokens back to back, each followed by the end-of-document token, as
     (tokens int32, per-document lengths int64). One encode_batch call (parallel in Rust)."""
     eod = eod_id(tok)
+    # "<|endoftext|>" written in a document is text, not a document boundary (as GPT-2's BPE reads it)
+    tok.encode_special_tokens = True
     encodings = tok.encode_batch(texts, add_special_tokens=False)
     lengths = np.fromiter((len(e.ids) + 1 for e in encodings), dtype=np.int64, count=len(encodings))
     tokens = np.empty(int(lengths.sum()), dtype=np.int32)

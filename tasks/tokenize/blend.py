@@ -1,0 +1,114 @@
+"""Pass `blend` (global) of stage tokenize: MT-NLG's weighted blend as Megatron's BlendedDataset.
+
+Weights are given per dataset (params `tokenize.blend`, normalised to sum 1 and reported when they
+did not), the token budget `train_tokens` gives train_tokens // seq_length samples, and each dataset's
+epochs follow: samples it is chosen for x seq_length / its tokens. Per dataset: a document index
+(one shuffled pass per epoch), a sample index (seq_length + 1 tokens per sample, crossing document
+boundaries) and a shuffle index; then the blend index: which dataset and which of its samples each
+training sample is, chosen as megatron-core's build_blending_indices chooses (tasks.tokenize.indices).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from tasks.core.config import PipelineParams
+from tasks.core.errors import ConfigError, InputFileError
+from tasks.core.stage import Context
+from tasks.tokenize import indexed, indices
+from tasks.tokenize.pieces import read_manifest
+
+REPORT = "blend.json"
+
+
+def resolve_weights(p: PipelineParams, datasets: dict) -> tuple[list[str], np.ndarray, dict]:
+    """(names, normalised weights, notes). Named datasets must exist and hold tokens; no blend given:
+    every dataset by its share of the tokens."""
+    t = p.tokenize
+    if not datasets or not sum(d["tokens"] for d in datasets.values()):
+        raise InputFileError("tokenize: the input holds no documents: nothing to blend")
+    if t.blend:
+        missing = [b.dataset for b in t.blend if b.dataset not in datasets]
+        if missing:
+            raise ConfigError(f"tokenize.blend names dataset(s) the input does not have: {', '.join(missing)}; "
+                                 f"datasets: {', '.join(sorted(datasets))}")
+        chosen = [(b.dataset, b.weight) for b in t.blend if b.weight > 0]
+        if not chosen:
+            raise ConfigError("tokenize.blend: every weight is 0")
+        left_out = sorted(set(datasets) - {b.dataset for b in t.blend}) + [b.dataset for b in t.blend if b.weight == 0]
+    else:
+        chosen = [(name, float(d["tokens"])) for name, d in sorted(datasets.items()) if d["tokens"]]
+        left_out = [name for name, d in sorted(datasets.items()) if not d["tokens"]]
+    names = [n for n, _ in chosen]
+    raw = np.array([w for _, w in chosen], dtype=np.float64)
+    weights = indices.normalise_weights(raw)
+    notes = {"weights_normalised": bool(abs(raw.sum() - 1.0) > 1e-9), "weights_given": raw.tolist(),
+             "left_out": left_out}
+    return names, weights, notes
+
+
+def build_blend(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
+    t = p.tokenize
+    datasets_dir = ctx.pass_dir("datasets")
+    manifest = read_manifest(datasets_dir)
+    names, weights, notes = resolve_weights(p, manifest["datasets"])
+    num_samples = max(1, t.train_tokens // t.seq_length)
+    dataset_index, dataset_sample_index = indices.blending_indices(weights, num_samples)
+    counts = np.bincount(dataset_index, minlength=len(names))
+    rows = {}
+    for i, name in enumerate(names):
+        info = manifest["datasets"][name]
+        ds = indexed.IndexedDataset(datasets_dir / info["prefix"])
+        epochs = indices.epochs_needed(int(counts[i]), info["tokens"], t.seq_length)
+        doc_index = indices.document_index(len(ds), epochs, t.seed + i)
+        sample_index = indices.sample_index(ds.lengths, doc_index, t.seq_length)
+        shuffle = indices.shuffle_index(sample_index.shape[0] - 1, t.seed + 1000 + i)
+        out = tmp / info["prefix"]
+        out.mkdir()
+        np.save(out / "document_index.npy", doc_index)
+        np.save(out / "sample_index.npy", sample_index)
+        np.save(out / "shuffle_index.npy", shuffle)
+        rows[name] = {"prefix": info["prefix"], "target_share": float(weights[i]),
+                      "realised_share": float(counts[i] / num_samples), "samples": int(counts[i]),
+                      "epochs": float(counts[i]) * t.seq_length / info["tokens"], "index_epochs": epochs,
+                      "tokens": info["tokens"], "documents": info["documents"]}
+    np.save(tmp / "dataset_index.npy", dataset_index)
+    np.save(tmp / "dataset_sample_index.npy", dataset_sample_index)
+    # "order": the dataset numbers of dataset_index (JSON objects are written with sorted keys)
+    report = {"samples": num_samples, "seq_length": t.seq_length, "train_tokens": t.train_tokens,
+              "datasets": rows, "order": names, **notes}
+    (tmp / REPORT).write_text(json.dumps(report, indent=1, sort_keys=True), encoding="utf-8")
+    return {"blend": rows, "blend_order": names, "samples": num_samples, **notes}
+
+
+class BlendedSamples:
+    """The trainer's view of a finished blend: `len()` samples, `[k]` the k-th sample's seq_length + 1
+    tokens (int64), read from the memory-mapped datasets."""
+
+    def __init__(self, blend_dir: Path, datasets_dir: Path):
+        self.report = json.loads((Path(blend_dir) / REPORT).read_text(encoding="utf-8"))
+        self.names = self.report["order"]
+        self.dataset_index = np.load(Path(blend_dir) / "dataset_index.npy", mmap_mode="r")
+        self.dataset_sample_index = np.load(Path(blend_dir) / "dataset_sample_index.npy", mmap_mode="r")
+        self.parts = []
+        for name in self.names:
+            prefix = self.report["datasets"][name]["prefix"]
+            self.parts.append((indexed.IndexedDataset(Path(datasets_dir) / prefix),
+                               *(np.load(Path(blend_dir) / prefix / f"{k}.npy", mmap_mode="r")
+                                 for k in ("document_index", "sample_index", "shuffle_index"))))
+
+    def __len__(self) -> int:
+        return int(self.dataset_index.shape[0])
+
+    def __getitem__(self, k: int) -> np.ndarray:
+        ds, doc_index, sample_index, shuffle = self.parts[int(self.dataset_index[k])]
+        s = int(shuffle[int(self.dataset_sample_index[k])])
+        (p0, o0), (p1, o1) = sample_index[s], sample_index[s + 1]
+        if p0 == p1:
+            return ds.slice(int(doc_index[p0]), int(o0), int(o1 - o0 + 1)).astype(np.int64)
+        pieces = [ds.slice(int(doc_index[p0]), int(o0), int(ds.lengths[doc_index[p0]]) - int(o0))]
+        pieces += [ds[int(doc_index[q])] for q in range(p0 + 1, p1)]
+        pieces.append(ds.slice(int(doc_index[p1]), 0, int(o1) + 1))
+        return np.concatenate(pieces).astype(np.int64)

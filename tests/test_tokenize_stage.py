@@ -1,0 +1,147 @@
+"""Stage tokenize end to end on hand-made decontaminated shards: the tokenizer, Megatron datasets that
+megatron-core opens, the blend, its samples, the suite, and the bad inputs the issue names."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tasks.core.config import parse_params
+from tasks.core.errors import InputFileError
+from tasks.core.runner import adopt_outputs, run_stage
+from tasks.core.schema import write_docs
+from tasks.tokenize import indexed, tokenizer
+from tasks.tokenize.blend import BlendedSamples
+from tasks.validation import validate_stage
+
+WORDS = "the model was trained on web text books code and encyclopedia articles with many tokens".split()
+
+
+def doc(i: int, dataset: str, text: str) -> dict:
+    return {"id": f"{dataset}/{i}", "text": text, "dataset": dataset, "url": "", "crawl": "", "lang": "en",
+            "lang_score": 1.0}
+
+
+def corpus(seed: int = 0) -> list[list[dict]]:
+    rng = np.random.default_rng(seed)
+
+    def text(n):
+        return " ".join(rng.choice(WORDS, size=n))
+    a = [doc(i, "web", text(int(rng.integers(5, 120)))) for i in range(60)]
+    a[3]["text"] = "literal <|endoftext|> inside a page, naïve café 東京 🚀"  # text, not a boundary
+    a[4]["text"] = text(600)  # longer than a sample
+    b = [doc(i, "Wikipedia (en)", text(int(rng.integers(20, 60)))) for i in range(15)]
+    c = [doc(i, "books", text(int(rng.integers(200, 300)))) for i in range(5)]
+    return [a[:30] + b, a[30:] + c]  # two shards, datasets mixed
+
+
+def run(tmp_path: Path, shards=None, **tokenize) -> tuple[dict, object]:
+    data = tmp_path / "data"
+    shutil.rmtree(data, ignore_errors=True)
+    (data / "decontaminate/shards").mkdir(parents=True)
+    for k, docs in enumerate(corpus() if shards is None else shards):
+        write_docs(data / f"decontaminate/shards/s{k}.parquet", docs)
+    settings = {"vocab_size": 300, "seq_length": 16, "train_tokens": 12000, "seed": 3,
+                "blend": [{"dataset": "web", "weight": 2}, {"dataset": "Wikipedia (en)", "weight": 1},
+                          {"dataset": "books", "weight": 1}], **tokenize}
+    p = parse_params({"paths": {"data_dir": str(data)}, "tokenize": settings})
+    adopt_outputs(p, "decontaminate")
+    return run_stage("tokenize", p), p
+
+
+def test_datasets_open_in_megatron_and_samples_follow_the_blend(tmp_path):
+    from megatron.core.datasets.indexed_dataset import IndexedDataset as MegatronIndexed
+    stats, p = run(tmp_path)
+    validate_stage("tokenize", p)
+    root = tmp_path / "data/tokenize"
+    tok = tokenizer.load(root / "tokenizer/tokenizer.json")
+    eod = tokenizer.eod_id(tok)
+    manifest = json.loads((root / "datasets/datasets.json").read_text())
+    by_dataset = {}
+    for docs in corpus():
+        for d in docs:
+            by_dataset.setdefault(d["dataset"], []).append(d["text"])
+    for name, texts in by_dataset.items():
+        ds = MegatronIndexed(str(root / "datasets" / manifest["datasets"][name]["prefix"]))
+        assert len(ds) == len(texts)
+        for i, t in enumerate(texts):  # every document: its tokens, then exactly one end-of-document token
+            expected = tok.encode(t, add_special_tokens=False).ids if "<|endoftext|>" not in t else None
+            got = ds[i].tolist()
+            assert got[-1] == eod and eod not in got[:-1]
+            if expected is not None:
+                assert got[:-1] == expected
+            assert tok.decode(got[:-1]) == t
+    assert stats["weights_normalised"] is True and stats["weights_given"] == [2.0, 1.0, 1.0]
+    blend = stats["blend"]
+    assert blend["web"]["target_share"] == pytest.approx(0.5)
+    for row in blend.values():
+        assert abs(row["realised_share"] - row["target_share"]) <= 1 / stats["samples"] + 1e-12
+    assert blend["books"]["epochs"] > 1  # a small dataset with a large weight is repeated
+
+    samples = BlendedSamples(root / "blend", root / "datasets")
+    assert len(samples) == stats["samples"] == 12000 // 16
+    streams = {}
+    for name, row in blend.items():  # each dataset's epoch-ordered token stream, from its document index
+        ds = indexed.IndexedDataset(root / "datasets" / row["prefix"])
+        doc_index = np.load(root / "blend" / row["prefix"] / "document_index.npy")
+        streams[name] = (np.concatenate([ds[int(d)] for d in doc_index]), doc_index, ds)
+    dataset_index = np.load(root / "blend/dataset_index.npy")
+    names = stats["blend_order"]
+    for k in range(0, len(samples), 7):
+        sample = samples[k]
+        assert sample.shape == (17,)
+        stream, doc_index, ds = streams[names[dataset_index[k]]]
+        # the sample is a window of seq_length + 1 consecutive tokens of its dataset's stream
+        windows = np.lib.stride_tricks.sliding_window_view(stream, 17)
+        assert (windows == sample).all(axis=1).any()
+
+
+def test_rerun_resumes_and_a_fresh_run_gives_the_same_bytes(tmp_path):
+    run(tmp_path / "a")
+    again = run_stage("tokenize", parse_params({"paths": {"data_dir": str(tmp_path / "a/data")}, "tokenize": {
+        "vocab_size": 300, "seq_length": 16, "train_tokens": 12000, "seed": 3,
+        "blend": [{"dataset": "web", "weight": 2}, {"dataset": "Wikipedia (en)", "weight": 1},
+                  {"dataset": "books", "weight": 1}]}}))
+    assert again["resumed_shards"] == 2
+    run(tmp_path / "b")
+    for sub in ("datasets", "blend", "tokenizer"):
+        for f in sorted((tmp_path / "a/data/tokenize" / sub).rglob("*")):
+            if f.is_file():
+                twin = tmp_path / "b/data/tokenize" / sub / f.relative_to(tmp_path / "a/data/tokenize" / sub)
+                assert f.read_bytes() == twin.read_bytes(), f
+
+
+def test_no_blend_weights_by_tokens_and_zero_weight_leaves_a_dataset_out(tmp_path):
+    stats, _ = run(tmp_path, blend=[])
+    tokens = {k: v["tokens"] for k, v in stats["datasets"].items()}
+    for name, row in stats["blend"].items():
+        assert row["target_share"] == pytest.approx(tokens[name] / sum(tokens.values()))
+    stats, _ = run(tmp_path, blend=[{"dataset": "web", "weight": 1}, {"dataset": "books", "weight": 0}])
+    assert list(stats["blend"]) == ["web"] and stats["left_out"] == ["Wikipedia (en)", "books"]
+
+
+def test_bad_inputs_name_the_cause(tmp_path):
+    from tasks.core.config import ConfigError
+    with pytest.raises(ConfigError, match=r"names dataset\(s\) the input does not have: Books3; "
+                                             r"datasets: Wikipedia \(en\), books, web"):
+        run(tmp_path, blend=[{"dataset": "Books3", "weight": 1}, {"dataset": "web", "weight": 1}])
+    with pytest.raises(ConfigError, match="every weight is 0"):
+        run(tmp_path, blend=[{"dataset": "web", "weight": 0}])
+    with pytest.raises(InputFileError, match="the input holds no documents"):
+        run(tmp_path, shards=[[], []], blend=[])
+    with pytest.raises(ConfigError, match="blend names a dataset twice: web"):
+        parse_params({"tokenize": {"blend": [{"dataset": "web", "weight": 1}, {"dataset": "web", "weight": 2}]}})
+    with pytest.raises(ConfigError, match="tokenize.blend.0.weight: Input should be greater than or equal to 0"):
+        parse_params({"tokenize": {"blend": [{"dataset": "web", "weight": -1}]}})
+
+
+def test_a_users_tokenizer_file_is_used_as_is(tmp_path):
+    tok = tokenizer.train(iter([["some text to learn a few merges from"] * 5]), vocab_size=280)
+    tok.save(str(tmp_path / "user.json"))
+    stats, _ = run(tmp_path, tokenizer_file=str(tmp_path / "user.json"))
+    assert stats["source"] == "file" and stats["vocab_size"] == tok.get_vocab_size()
+    with pytest.raises(tokenizer.TokenizerFileError, match="cannot load tokenizer from .*nothere.json"):
+        run(tmp_path, tokenizer_file=str(tmp_path / "nothere.json"))
