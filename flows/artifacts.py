@@ -57,6 +57,14 @@ def stats_markdown(stats: dict, report: ValidationReport | None, p: PipelinePara
                   "| task | " + " | ".join(c.replace("training_", "") for c in cols) + " |",
                   "|---" * (len(cols) + 1) + "|"]
         lines += [f"| {t} | " + " | ".join(_cell(row.get(c, "")) for c in cols) + " |" for t, row in stats["tasks"].items()]
+    if isinstance(stats.get("blend"), dict):  # tokenize: the blend, per dataset
+        lines += ["", f"Blend: {stats.get('samples')} samples"
+                      + (" (weights normalised to sum 1)" if stats.get("weights_normalised") else "")
+                      + (f"; left out: {', '.join(stats['left_out'])}" if stats.get("left_out") else ""), "",
+                  "| dataset | tokens | documents | target share | realised share | epochs |", "|---|---|---|---|---|---|"]
+        lines += [f"| {name} | {row['tokens']:,} | {row['documents']:,} | {row['target_share']:.4f} | "
+                  f"{row['realised_share']:.4f} | {row['epochs']:.2f} |"
+                  for name, row in sorted(stats["blend"].items(), key=lambda kv: -kv[1]["target_share"])]
     if report is not None:
         status = "passed" if report.success else "FAILED"
         lines += ["", f"### Validation {status}", "",

@@ -145,3 +145,19 @@ def test_a_users_tokenizer_file_is_used_as_is(tmp_path):
     assert stats["source"] == "file" and stats["vocab_size"] == tok.get_vocab_size()
     with pytest.raises(tokenizer.TokenizerFileError, match="cannot load tokenizer from .*nothere.json"):
         run(tmp_path, tokenizer_file=str(tmp_path / "nothere.json"))
+
+
+def test_common_crawl_is_blended_per_snapshot_and_the_mtnlg_profile_names_what_is_missing(tmp_path):
+    shards = corpus()
+    for i, d in enumerate(shards[0][:20]):
+        d.update(dataset="common-crawl", crawl="CC-MAIN-2020-50" if i % 2 else "CC-MAIN-2021-04")
+    shards[0][20].update(dataset="common-crawl", crawl="")  # no snapshot: stays common-crawl
+    stats, _ = run(tmp_path, shards=shards, blend=[])
+    assert {"CC-2020-50", "CC-2021-04", "common-crawl"} <= set(stats["datasets"])
+    assert stats["datasets"]["CC-2020-50"]["documents"] == 10
+    from tasks.core.config import ConfigError
+    with pytest.raises(ConfigError, match=r"\(profile mt-nlg\) names dataset\(s\) the input does not have: "
+                                          r"Books3, OpenWebText2, StackExchange"):
+        run(tmp_path, shards=shards, blend=[], profile="mt-nlg")
+    with pytest.raises(ConfigError, match="profile mt-nlg carries its own weights: leave blend empty"):
+        parse_params({"tokenize": {"profile": "mt-nlg", "blend": [{"dataset": "web", "weight": 1}]}})

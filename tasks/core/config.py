@@ -140,6 +140,8 @@ class TokenizeParams(Strict):
     seq_length: int = Field(2048, ge=2, description="Tokens per training sample (samples hold seq_length + 1).")
     train_tokens: int = Field(270_000_000_000, ge=1, description="Training token budget (MT-NLG: 270B).")
     seed: int = Field(1234, description="Seed of the document and sample shuffles.")
+    profile: Literal["custom", "mt-nlg"] = Field(
+        "custom", description="custom: the weights in `blend`; mt-nlg: MT-NLG's 15-dataset table (blend left empty).")
     blend: list[BlendEntry] = Field(
         default_factory=list,
         description="Weight per dataset (epochs are derived from the token budget); empty: every dataset, "
@@ -151,6 +153,8 @@ class TokenizeParams(Strict):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"blend names a dataset twice: {', '.join(dup)}")
+        if self.profile == "mt-nlg" and self.blend:
+            raise ValueError("profile mt-nlg carries its own weights: leave blend empty")
         if self.merges_file and not self.tokenizer_file:
             raise ValueError("merges_file needs tokenizer_file (the vocab.json beside it)")
         return self

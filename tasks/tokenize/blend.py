@@ -21,6 +21,12 @@ from tasks.tokenize import indexed, indices
 from tasks.tokenize.pieces import read_manifest
 
 REPORT = "blend.json"
+# MT-NLG's 15 datasets and weights in % (Smith et al. 2022, table 2), named as the documents' `dataset`
+# column names them: the Pile's pile_set_name, Common Crawl by snapshot, and the two added datasets.
+MTNLG_BLEND = (("Books3", 14.3), ("OpenWebText2", 19.3), ("StackExchange", 5.7), ("PubMed Abstracts", 2.9),
+               ("Wikipedia (en)", 4.8), ("Gutenberg (PG-19)", 0.9), ("BookCorpus2", 1.0), ("NIH ExPorter", 0.2),
+               ("Pile-CC", 9.4), ("ArXiv", 1.4), ("Github", 1.6), ("CC-2020-50", 13.0), ("CC-2021-04", 15.7),
+               ("RealNews", 9.0), ("CC-Stories", 0.9))
 
 
 def resolve_weights(p: PipelineParams, datasets: dict) -> tuple[list[str], np.ndarray, dict]:
@@ -29,15 +35,18 @@ def resolve_weights(p: PipelineParams, datasets: dict) -> tuple[list[str], np.nd
     t = p.tokenize
     if not datasets or not sum(d["tokens"] for d in datasets.values()):
         raise InputFileError("tokenize: the input holds no documents: nothing to blend")
-    if t.blend:
-        missing = [b.dataset for b in t.blend if b.dataset not in datasets]
+    entries = list(MTNLG_BLEND) if t.profile == "mt-nlg" else [(b.dataset, b.weight) for b in t.blend]
+    if entries:
+        missing = [name for name, _ in entries if name not in datasets or not datasets[name]["tokens"]]
         if missing:
-            raise ConfigError(f"tokenize.blend names dataset(s) the input does not have: {', '.join(missing)}; "
-                                 f"datasets: {', '.join(sorted(datasets))}")
-        chosen = [(b.dataset, b.weight) for b in t.blend if b.weight > 0]
+            raise ConfigError(f"tokenize.blend{' (profile mt-nlg)' if t.profile == 'mt-nlg' else ''} names "
+                              f"dataset(s) the input does not have: {', '.join(missing)}; "
+                              f"datasets: {', '.join(sorted(datasets))}")
+        chosen = [(name, float(w)) for name, w in entries if w > 0]
         if not chosen:
             raise ConfigError("tokenize.blend: every weight is 0")
-        left_out = sorted(set(datasets) - {b.dataset for b in t.blend}) + [b.dataset for b in t.blend if b.weight == 0]
+        named = {name for name, _ in entries}
+        left_out = sorted(set(datasets) - named) + [name for name, w in entries if w == 0]
     else:
         chosen = [(name, float(d["tokens"])) for name, d in sorted(datasets.items()) if d["tokens"]]
         left_out = [name for name, d in sorted(datasets.items()) if not d["tokens"]]

@@ -2,7 +2,7 @@
 
 tokens:   each input shard's documents encoded in batches (one encode_batch call each) into a Parquet
           piece of (dataset, tokens) rows in input order, every document ending in the end-of-document
-          token. Bounded memory: one batch at a time.
+          token. Bounded memory: one batch at a time. Common Crawl documents are named by snapshot.
 datasets: the pieces merged, in shard order, into one Megatron indexed dataset per `dataset` value,
           streaming (all writers open at once, each piece read once).
 """
@@ -46,19 +46,28 @@ def plan_tokens(p: PipelineParams, ctx: Context) -> list[Shard]:
     return [Shard(f.stem, (str(f),), f.name) for f in sorted(ctx.input_shards.glob("*.parquet"))]
 
 
+def blend_names(batch: pa.RecordBatch) -> pa.Array:
+    """The dataset a document is blended as: its `dataset`, except that Common Crawl documents are
+    split by snapshot as MT-NLG blends them (crawl CC-MAIN-2020-50 -> dataset CC-2020-50)."""
+    dataset = batch.column("dataset").cast(pa.string())
+    crawl = batch.column("crawl").cast(pa.string())
+    snapshot = pc.and_(pc.equal(dataset, "common-crawl"), pc.match_substring_regex(crawl, r"^CC-MAIN-\d{4}-\d{2}$"))
+    renamed = pc.binary_join_element_wise("CC-", pc.utf8_slice_codeunits(crawl, 8), "")
+    return pc.if_else(snapshot, renamed, dataset)
+
+
 def tokenize_shard(shard: Shard, tmp: Path, p: PipelineParams, ctx: Context) -> ShardStats:
     tok, st = load_tokenizer(ctx), ShardStats()
     tokens_total = 0
     with pq.ParquetWriter(tmp, PIECE_SCHEMA, compression="zstd") as writer:
         for batch in pq.ParquetFile(shard.inputs[0]).iter_batches(batch_size=p.tokenize.batch_docs,
-                                                                  columns=["text", "dataset"]):
+                                                                  columns=["text", "dataset", "crawl"]):
             texts = batch.column("text").to_pylist()
             tokens, lengths = tokenizer.encode_documents(tok, texts)
             offsets = np.zeros(lengths.size + 1, dtype=np.int32)
             np.cumsum(lengths, out=offsets[1:])
             column = pa.ListArray.from_arrays(pa.array(offsets), pa.array(tokens, type=pa.int32()))
-            writer.write_table(pa.table({"dataset": batch.column("dataset").cast(pa.string()), "tokens": column},
-                                        schema=PIECE_SCHEMA))
+            writer.write_table(pa.table({"dataset": blend_names(batch), "tokens": column}, schema=PIECE_SCHEMA))
             st.docs_in += len(texts)
             st.docs_out += len(texts)
             st.bytes_in += int(pc.sum(pc.binary_length(batch.column("text"))).as_py() or 0)

@@ -68,7 +68,7 @@ def _tokenizer_inputs(p: PipelineParams, ctx: Context) -> list[str]:
 
 def _blend_params(p: PipelineParams) -> dict:
     t = p.tokenize
-    return {"seq_length": t.seq_length, "train_tokens": t.train_tokens, "seed": t.seed,
+    return {"seq_length": t.seq_length, "train_tokens": t.train_tokens, "seed": t.seed, "profile": t.profile,
             "blend": [b.model_dump() for b in t.blend]}
 
 
