@@ -1,0 +1,162 @@
+"""Megatron-style tensor parallelism: the layers a GPT swaps in, with explicit autograd collectives.
+
+- ColumnParallelLinear: the weight split by output rows; the input is copied to every rank (its
+  gradient all-reduced in backward); the output stays split (or is gathered).
+- RowParallelLinear: the weight split by input columns; the split input gives partial outputs that
+  are all-reduced in forward (identity in backward); the bias is added once, after the sum.
+- VocabParallelEmbedding: the vocabulary split in ranges; each rank looks up its own tokens, zeros
+  the rest, and the partial embeddings are all-reduced.
+The LM head's vocab-parallel cross-entropy is kernels.linear_cross_entropy(group=...).
+With no group (tp = 1) every collective is the identity: the layers are plain nn.Linear / nn.Embedding.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def world(group) -> tuple[int, int]:
+    """(rank, size) in the tensor-parallel group; (0, 1) without one."""
+    if group is None:
+        return 0, 1
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def padded_vocab(vocab: int, tp: int, multiple: int = 128) -> int:
+    """Megatron pads the vocabulary to a multiple of 128 x tp, so every rank holds an equal, aligned slice."""
+    step = multiple * tp
+    return -(-vocab // step) * step
+
+
+class _CopyToRegion(torch.autograd.Function):
+    """Identity forward; all-reduce of the gradient backward (the input feeds every rank's shard)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _ReduceFromRegion(torch.autograd.Function):
+    """All-reduce forward (sum of the ranks' partial outputs); identity backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        x = x.contiguous().clone()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class _GatherFromRegion(torch.autograd.Function):
+    """Concatenate the ranks' last-dimension slices forward; keep this rank's slice of the gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.cat(parts, dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        rank, size = world(ctx.group)
+        return grad.chunk(size, dim=-1)[rank].contiguous(), None
+
+
+def copy_to_region(x, group):
+    return x if group is None else _CopyToRegion.apply(x, group)
+
+
+def reduce_from_region(x, group):
+    return x if group is None else _ReduceFromRegion.apply(x, group)
+
+
+def gather_from_region(x, group):
+    return x if group is None else _GatherFromRegion.apply(x, group)
+
+
+def _split(n: int, size: int, what: str) -> int:
+    if n % size:
+        raise ValueError(f"{what} {n} is not divisible by the tensor-parallel size {size}")
+    return n // size
+
+
+class ColumnParallelLinear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, group=None, bias: bool = True,
+                 gather_output: bool = False):
+        super().__init__()
+        self.group, self.gather_output = group, gather_output
+        rank, size = world(group)
+        self.out_local = _split(out_features, size, "output features")
+        self.weight = nn.Parameter(torch.empty(self.out_local, in_features))
+        self.bias = nn.Parameter(torch.zeros(self.out_local)) if bias else None
+
+    def load_full(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        """Take this rank's rows of a full [out, in] weight (and bias)."""
+        rank, _ = world(self.group)
+        rows = slice(rank * self.out_local, (rank + 1) * self.out_local)
+        with torch.no_grad():
+            self.weight.copy_(weight[rows])
+            if self.bias is not None and bias is not None:
+                self.bias.copy_(bias[rows])
+
+    def forward(self, x):
+        y = F.linear(copy_to_region(x, self.group), self.weight, self.bias)
+        return gather_from_region(y, self.group) if self.gather_output else y
+
+
+class RowParallelLinear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, group=None, bias: bool = True):
+        super().__init__()
+        self.group = group
+        rank, size = world(group)
+        self.in_local = _split(in_features, size, "input features")
+        self.weight = nn.Parameter(torch.empty(out_features, self.in_local))
+        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+
+    def load_full(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        """Take this rank's columns of a full [out, in] weight; the bias is whole on every rank."""
+        rank, _ = world(self.group)
+        with torch.no_grad():
+            self.weight.copy_(weight[:, rank * self.in_local:(rank + 1) * self.in_local])
+            if self.bias is not None and bias is not None:
+                self.bias.copy_(bias)
+
+    def forward(self, x_parallel):
+        y = reduce_from_region(F.linear(x_parallel, self.weight), self.group)
+        return y if self.bias is None else y + self.bias
+
+
+class VocabParallelEmbedding(nn.Module):
+    def __init__(self, vocab: int, dim: int, group=None):
+        super().__init__()
+        self.group = group
+        rank, size = world(group)
+        self.vocab_local = _split(vocab, size, "vocabulary (pad it with padded_vocab)")
+        self.vocab_start = rank * self.vocab_local
+        self.weight = nn.Parameter(torch.empty(self.vocab_local, dim))
+
+    def load_full(self, weight: torch.Tensor) -> None:
+        with torch.no_grad():
+            self.weight.copy_(weight[self.vocab_start:self.vocab_start + self.vocab_local])
+
+    def forward(self, tokens):
+        if self.group is None:
+            return F.embedding(tokens, self.weight)
+        local = tokens - self.vocab_start
+        outside = (local < 0) | (local >= self.vocab_local)
+        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        out = out.masked_fill(outside.unsqueeze(-1), 0.0)
+        return reduce_from_region(out, self.group)
