@@ -70,27 +70,13 @@ def _vocab_parallel_rank(rank: int, port: int, queue) -> None:
     loss.backward()
     dh = h.grad.clone()
     dist.all_reduce(dh)  # what the column-parallel region's backward does
-    queue.put((rank, loss.item(), dh, shard.grad))
+    queue.put((rank, (loss.item(), dh, shard.grad)))
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_vocab_parallel_reference_equals_the_whole_vocabulary():
-    import torch.multiprocessing as mp
-    ctx = mp.get_context("spawn")
-    queue, port = ctx.Queue(), _free_port()
-    procs = [ctx.Process(target=_vocab_parallel_rank, args=(r, port, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    got = dict((r, rest) for r, *rest in (queue.get(timeout=120) for _ in procs))
-    for p in procs:
-        p.join(timeout=60)
+    from tests.ranks import run_ranks
+    got = run_ranks(_vocab_parallel_rank)
     torch.manual_seed(0)
     h = torch.randn(12, 8, dtype=torch.float64, requires_grad=True)
     w = torch.randn(10, 8, dtype=torch.float64, requires_grad=True)

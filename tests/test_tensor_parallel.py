@@ -2,19 +2,11 @@
 the same weights: outputs and every gradient match (the core of the engine's parity, issue #12)."""
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 from trainer import tensor_parallel as tp
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank(rank: int, port: int, queue) -> None:
@@ -86,16 +78,8 @@ def _rank(rank: int, port: int, queue) -> None:
 
 
 def test_tensor_parallel_layers_match_plain_layers_on_two_ranks():
-    import torch.multiprocessing as mp
-    ctx = mp.get_context("spawn")
-    queue, port = ctx.Queue(), _port()
-    procs = [ctx.Process(target=_rank, args=(r, port, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    results = dict(queue.get(timeout=180) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-    for rank, diffs in results.items():
+    from tests.ranks import run_ranks
+    for rank, diffs in run_ranks(_rank).items():
         for what, d in diffs.items():
             assert d < 1e-10, f"rank {rank}: {what} differs by {d}"
 
