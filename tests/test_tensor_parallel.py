@@ -96,3 +96,42 @@ def test_single_rank_layers_are_plain_layers_and_bad_splits_are_refused():
     assert tp.padded_vocab(50257, 1) == 50304 and tp.padded_vocab(50257, 8) == 51200
     with pytest.raises(ValueError, match="output features 6 is not divisible by the tensor-parallel size 4"):
         tp._split(6, 4, "output features")
+
+
+def _gpt_rank(rank: int, port: int, queue) -> None:
+    import torch.distributed as dist
+
+    from trainer.config import ModelParams
+    from trainer.model import GPT
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    p = ModelParams(n_layer=2, n_head=4, d_model=32, vocab_size=128, seq_len=16, attention="softmax",
+                    fused_kernels=False)
+    torch.manual_seed(0)
+    full = GPT(p).double()
+    sharded = GPT(p, group=dist.group.WORLD).double()
+    tp.load_full_state(sharded, full.state_dict())
+    tokens = torch.randint(0, 128, (3, 17))
+    losses = []
+    for model in (full, sharded):
+        loss = model(tokens[:, :-1], tokens[:, 1:])
+        loss.backward()
+        losses.append(loss.item())
+    diffs = {"loss": abs(losses[0] - losses[1])}
+    modules = dict(sharded.named_modules())
+    full_grads = {k: v.grad for k, v in full.named_parameters()}
+    for key, param in sharded.named_parameters():
+        mod_name, name = key.rsplit(".", 1)
+        diffs[key] = float((param.grad - tp.local_part(modules[mod_name], name, full_grads[key])).abs().max())
+    logits = sharded(tokens[:, :-1])  # gathered over the vocabulary slices
+    diffs["logits"] = float((logits - full(tokens[:, :-1])).abs().max())
+    queue.put((rank, diffs))
+    dist.destroy_process_group()
+
+
+def test_gpt_with_tensor_parallel_two_matches_one_rank():
+    """The whole model at tp = 2 (heads, MLP, vocabulary split) against tp = 1 on the same weights."""
+    from tests.ranks import run_ranks
+    for rank, diffs in run_ranks(_gpt_rank).items():
+        assert len(diffs) > 20
+        for what, d in diffs.items():
+            assert d < 1e-10, f"rank {rank}: {what} differs by {d}"

@@ -9,6 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import kernels
+from trainer import tensor_parallel as tp
 from trainer.config import ModelParams
 
 
@@ -22,16 +23,23 @@ class LayerNorm(nn.LayerNorm):
 
 
 class Attention(nn.Module):
-    def __init__(self, p: ModelParams):
+    """qkv features are laid out head by head ([head][q|k|v][head_dim], as Megatron), so a
+    column-parallel split of qkv gives each tensor-parallel rank whole heads."""
+
+    def __init__(self, p: ModelParams, group=None):
         super().__init__()
         self.p = p
-        self.qkv = nn.Linear(p.d_model, 3 * p.d_model)
-        self.proj = nn.Linear(p.d_model, p.d_model)
+        self.heads = p.n_head // tp.world(group)[1]
+        if p.n_head % tp.world(group)[1]:
+            raise ValueError(f"n_head {p.n_head} is not divisible by the tensor-parallel size {tp.world(group)[1]}")
+        self.qkv = tp.ColumnParallelLinear(p.d_model, 3 * p.d_model, group)
+        self.proj = tp.RowParallelLinear(p.d_model, p.d_model, group)
         self.drop = nn.Dropout(p.dropout)
 
     def forward(self, x):
-        b, s, d = x.shape
-        q, k, v = self.qkv(x).view(b, s, 3, self.p.n_head, d // self.p.n_head).permute(2, 0, 3, 1, 4)
+        b, s, _ = x.shape
+        hd = self.p.d_model // self.p.n_head
+        q, k, v = self.qkv(x).view(b, s, self.heads, 3, hd).permute(3, 0, 2, 1, 4)
         if self.p.attention == "sdpa":
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                  dropout_p=self.p.dropout if self.training else 0.0)
@@ -39,29 +47,32 @@ class Attention(nn.Module):
             scores = q @ k.transpose(-2, -1)
             probs = kernels.scaled_causal_softmax(scores, 1.0 / math.sqrt(q.shape[-1]), fused=self.p.fused_kernels)
             out = self.drop(probs) @ v
-        return self.drop(self.proj(out.transpose(1, 2).reshape(b, s, d)))
+        return self.drop(self.proj(out.transpose(1, 2).reshape(b, s, self.heads * hd)))
 
 
 class MLP(nn.Module):
-    def __init__(self, p: ModelParams):
+    def __init__(self, p: ModelParams, group=None):
         super().__init__()
-        self.fc = nn.Linear(p.d_model, 4 * p.d_model)
-        self.proj = nn.Linear(4 * p.d_model, p.d_model)
+        self.group = group
+        self.fc = tp.ColumnParallelLinear(p.d_model, 4 * p.d_model, group)
+        self.proj = tp.RowParallelLinear(4 * p.d_model, p.d_model, group)
         self.drop = nn.Dropout(p.dropout)
         self.fused = p.fused_kernels
 
     def forward(self, x):
+        # the column-parallel fc without its bias, which the fused bias + GeLU adds
+        x = tp.copy_to_region(x, self.group)
         h = kernels.bias_gelu(F.linear(x, self.fc.weight), self.fc.bias, fused=self.fused)
         return self.drop(self.proj(h))
 
 
 class Block(nn.Module):
-    def __init__(self, p: ModelParams):
+    def __init__(self, p: ModelParams, group=None):
         super().__init__()
         self.ln1 = LayerNorm(p.d_model, p.layernorm_eps, p.fused_kernels)
-        self.attn = Attention(p)
+        self.attn = Attention(p, group)
         self.ln2 = LayerNorm(p.d_model, p.layernorm_eps, p.fused_kernels)
-        self.mlp = MLP(p)
+        self.mlp = MLP(p, group)
 
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
@@ -69,13 +80,15 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, p: ModelParams):
+    """`group`: the tensor-parallel process group (None: one rank, plain layers)."""
+
+    def __init__(self, p: ModelParams, group=None):
         super().__init__()
-        self.p = p
-        self.wte = nn.Embedding(p.vocab_size, p.d_model)
+        self.p, self.group = p, group
+        self.wte = tp.VocabParallelEmbedding(p.vocab_size, p.d_model, group)
         self.wpe = nn.Embedding(p.seq_len, p.d_model)
         self.drop = nn.Dropout(p.dropout)
-        self.blocks = nn.ModuleList(Block(p) for _ in range(p.n_layer))
+        self.blocks = nn.ModuleList(Block(p, group) for _ in range(p.n_layer))
         self.ln_f = LayerNorm(p.d_model, p.layernorm_eps, p.fused_kernels)
         self.reset_parameters()
 
@@ -101,8 +114,10 @@ class GPT(nn.Module):
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [batch, seq, vocab] without targets; the mean next-token loss with them (the
-        tied LM head and cross-entropy fused, so training never holds the full logits)."""
-        h = self.hidden(tokens)
+        tied LM head and cross-entropy fused, so training never holds the full logits; under tensor
+        parallelism each rank scores its vocabulary slice and the loss is combined across them)."""
+        h = tp.copy_to_region(self.hidden(tokens), self.group)
         if targets is None:
-            return h @ self.wte.weight.t()
-        return kernels.linear_cross_entropy(h, self.wte.weight, targets, fused=self.p.fused_kernels)
+            return tp.gather_from_region(h @ self.wte.weight.t(), self.group)
+        return kernels.linear_cross_entropy(h, self.wte.weight, targets, group=self.group,
+                                            vocab_start=self.wte.vocab_start, fused=self.p.fused_kernels)

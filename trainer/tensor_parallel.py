@@ -160,3 +160,26 @@ class VocabParallelEmbedding(nn.Module):
         out = F.embedding(local.masked_fill(outside, 0), self.weight)
         out = out.masked_fill(outside.unsqueeze(-1), 0.0)
         return reduce_from_region(out, self.group)
+
+
+def local_part(module: nn.Module, param: str, full: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a full (tp = 1) tensor for `module`'s parameter `param`: rows of a
+    column-parallel weight or bias, columns of a row-parallel weight, a vocabulary range of the
+    embedding; anything else (LayerNorm, position embedding, a row-parallel bias) is whole."""
+    rank, _ = world(getattr(module, "group", None))
+    if isinstance(module, ColumnParallelLinear):
+        return full[rank * module.out_local:(rank + 1) * module.out_local]
+    if isinstance(module, RowParallelLinear) and param == "weight":
+        return full[:, rank * module.in_local:(rank + 1) * module.in_local]
+    if isinstance(module, VocabParallelEmbedding):
+        return full[module.vocab_start:module.vocab_start + module.vocab_local]
+    return full
+
+
+def load_full_state(model: nn.Module, state: dict) -> None:
+    """Load a tp = 1 state dict into a tensor-parallel model (each rank keeps its part)."""
+    with torch.no_grad():
+        for mod_name, module in model.named_modules():
+            for name, param in module.named_parameters(recurse=False):
+                key = f"{mod_name}.{name}" if mod_name else name
+                param.copy_(local_part(module, name, state[key]))
