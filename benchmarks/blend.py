@@ -66,7 +66,6 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
         generate(data, args.mb)
-        corpus_tokens = None
         p = parse_params({"paths": {"data_dir": str(data)}, "tokenize": {
             "vocab_size": 8192, "seq_length": 1024, "train_tokens": 1,
             "blend": [{"dataset": n, "weight": w} for n, _, w in DATASETS]}})

@@ -1,13 +1,7 @@
 """Run a function on several gloo ranks (spawned processes on 127.0.0.1) and collect what each returns."""
 from __future__ import annotations
 
-import socket
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.conftest import free_port
 
 
 def run_ranks(target, world_size: int = 2, timeout: float = 180) -> dict:

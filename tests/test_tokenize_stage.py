@@ -100,11 +100,8 @@ def test_datasets_open_in_megatron_and_samples_follow_the_blend(tmp_path):
 
 
 def test_rerun_resumes_and_a_fresh_run_gives_the_same_bytes(tmp_path):
-    run(tmp_path / "a")
-    again = run_stage("tokenize", parse_params({"paths": {"data_dir": str(tmp_path / "a/data")}, "tokenize": {
-        "vocab_size": 300, "seq_length": 16, "train_tokens": 12000, "seed": 3,
-        "blend": [{"dataset": "web", "weight": 2}, {"dataset": "Wikipedia (en)", "weight": 1},
-                  {"dataset": "books", "weight": 1}]}}))
+    _, p = run(tmp_path / "a")
+    again = run_stage("tokenize", p)
     assert again["resumed_shards"] == 2
     run(tmp_path / "b")
     for sub in ("datasets", "blend", "tokenizer"):

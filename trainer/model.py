@@ -29,9 +29,10 @@ class Attention(nn.Module):
     def __init__(self, p: ModelParams, group=None):
         super().__init__()
         self.p = p
-        self.heads = p.n_head // tp.world(group)[1]
-        if p.n_head % tp.world(group)[1]:
-            raise ValueError(f"n_head {p.n_head} is not divisible by the tensor-parallel size {tp.world(group)[1]}")
+        size = tp.world(group)[1]
+        if p.n_head % size:
+            raise ValueError(f"n_head {p.n_head} is not divisible by the tensor-parallel size {size}")
+        self.heads = p.n_head // size
         self.qkv = tp.ColumnParallelLinear(p.d_model, 3 * p.d_model, group)
         self.proj = tp.RowParallelLinear(p.d_model, p.d_model, group)
         self.drop = nn.Dropout(p.dropout)

@@ -93,7 +93,18 @@ def _split(n: int, size: int, what: str) -> int:
     return n // size
 
 
-class ColumnParallelLinear(nn.Module):
+class _Sharded(nn.Module):
+    """A layer holding this rank's part of a full parameter (its slicing is `local_part`)."""
+
+    def load_full(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        """Take this rank's part of a full (tp = 1) weight and bias."""
+        with torch.no_grad():
+            self.weight.copy_(local_part(self, "weight", weight))
+            if getattr(self, "bias", None) is not None and bias is not None:
+                self.bias.copy_(local_part(self, "bias", bias))
+
+
+class ColumnParallelLinear(_Sharded):
     def __init__(self, in_features: int, out_features: int, group=None, bias: bool = True,
                  gather_output: bool = False):
         super().__init__()
@@ -103,21 +114,12 @@ class ColumnParallelLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(self.out_local, in_features))
         self.bias = nn.Parameter(torch.zeros(self.out_local)) if bias else None
 
-    def load_full(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        """Take this rank's rows of a full [out, in] weight (and bias)."""
-        rank, _ = world(self.group)
-        rows = slice(rank * self.out_local, (rank + 1) * self.out_local)
-        with torch.no_grad():
-            self.weight.copy_(weight[rows])
-            if self.bias is not None and bias is not None:
-                self.bias.copy_(bias[rows])
-
     def forward(self, x):
         y = F.linear(copy_to_region(x, self.group), self.weight, self.bias)
         return gather_from_region(y, self.group) if self.gather_output else y
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(_Sharded):
     def __init__(self, in_features: int, out_features: int, group=None, bias: bool = True):
         super().__init__()
         self.group = group
@@ -126,20 +128,12 @@ class RowParallelLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, self.in_local))
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
 
-    def load_full(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        """Take this rank's columns of a full [out, in] weight; the bias is whole on every rank."""
-        rank, _ = world(self.group)
-        with torch.no_grad():
-            self.weight.copy_(weight[:, rank * self.in_local:(rank + 1) * self.in_local])
-            if self.bias is not None and bias is not None:
-                self.bias.copy_(bias)
-
     def forward(self, x_parallel):
         y = reduce_from_region(F.linear(x_parallel, self.weight), self.group)
         return y if self.bias is None else y + self.bias
 
 
-class VocabParallelEmbedding(nn.Module):
+class VocabParallelEmbedding(_Sharded):
     def __init__(self, vocab: int, dim: int, group=None):
         super().__init__()
         self.group = group
@@ -147,10 +141,6 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab_local = _split(vocab, size, "vocabulary (pad it with padded_vocab)")
         self.vocab_start = rank * self.vocab_local
         self.weight = nn.Parameter(torch.empty(self.vocab_local, dim))
-
-    def load_full(self, weight: torch.Tensor) -> None:
-        with torch.no_grad():
-            self.weight.copy_(weight[self.vocab_start:self.vocab_start + self.vocab_local])
 
     def forward(self, tokens):
         if self.group is None:

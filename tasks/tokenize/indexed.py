@@ -58,8 +58,7 @@ class IndexedWriter:
         lengths = np.fromiter((len(d) for d in documents), dtype=np.int64, count=len(documents))
         if lengths.size and lengths.max() > np.iinfo(np.int32).max:
             raise ValueError("a document longer than 2^31 tokens does not fit the .idx format")
-        self._bin.write(np.concatenate(documents).astype(self.dtype, copy=False).tobytes())
-        self._lengths.append(lengths.astype(np.int32))
+        self.add_flat(np.concatenate(documents), lengths)
 
     def add_flat(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
         """Append documents given as their tokens back to back and each one's length."""
@@ -136,8 +135,7 @@ class IndexedDataset:
         return int(self.lengths.size)
 
     def __getitem__(self, i: int) -> np.ndarray:
-        start = int(self.pointers[i]) // self.dtype.itemsize
-        return self.tokens[start:start + int(self.lengths[i])]
+        return self.slice(i, 0, int(self.lengths[i]))
 
     def slice(self, i: int, offset: int, length: int) -> np.ndarray:
         """Tokens [offset, offset + length) of document i."""

@@ -4,6 +4,7 @@ the .idx counts consistent with the .bin size, and the realised share of samples
 the target (Megatron's greedy blend is never more than about one sample off per dataset)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +32,8 @@ def dataset_row(ds: indexed.IndexedDataset, vocab: int, eod: int) -> dict:
     over = eods = 0
     for start in range(0, ds.tokens.size, CHUNK):
         chunk = np.asarray(ds.tokens[start:start + CHUNK])
-        over += int((chunk.astype(np.int64) >= vocab).sum() + (chunk.astype(np.int64) < 0).sum())
+        wide = chunk.astype(np.int64)
+        over += int(((wide >= vocab) | (wide < 0)).sum())
         eods += int((chunk == eod).sum())
     ends = (ds.pointers // ds.dtype.itemsize + ds.lengths - 1)[ds.lengths > 0]
     last_is_eod = int((np.asarray(ds.tokens[ends]) == eod).sum()) if ends.size else 0
@@ -41,7 +43,6 @@ def dataset_row(ds: indexed.IndexedDataset, vocab: int, eod: int) -> dict:
 
 
 def batches(p, blend_dir: Path):
-    import json
     datasets_dir = Path(blend_dir).parent / "datasets"
     manifest = read_manifest(datasets_dir)
     report = json.loads((Path(blend_dir) / REPORT).read_text(encoding="utf-8"))
