@@ -1,4 +1,5 @@
-"""The model's typed configuration (a section of params.yaml once the train stage lands)."""
+"""The trainer's typed configuration (sections of params.yaml once the train stage lands): the model,
+its parallel layout and the optimizer; `plan` checks a layout before any process group starts."""
 from __future__ import annotations
 
 import math
@@ -7,6 +8,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from tasks.core.config import Strict
+from tasks.core.errors import ConfigError
+from trainer.tensor_parallel import padded_vocab
 
 
 class ModelParams(Strict):
@@ -34,3 +37,60 @@ class ModelParams(Strict):
     @property
     def std(self) -> float:
         return self.init_std if self.init_std is not None else math.sqrt(1.0 / (3 * self.d_model))
+
+
+class ParallelParams(Strict):
+    """The 3D layout (MT-NLG: tp 8 inside a node, pp 35 across nodes, dp outermost) and the batch."""
+
+    tp: int = Field(1, ge=1, description="Tensor-parallel ranks (adjacent ranks: inside a node).")
+    pp: int = Field(1, ge=1, description="Pipeline stages (across nodes).")
+    dp: int = Field(1, ge=1, description="Data-parallel replicas (outermost).")
+    micro_batch: int = Field(4, ge=1, description="Sequences per micro-batch on one data-parallel replica.")
+    global_batch: int = Field(16, ge=1, description="Sequences per optimizer step (MT-NLG: 1920).")
+    zero_stage: Literal[0, 1] = Field(1, description="ZeRO stage: 1 partitions the optimizer state over dp "
+                                                     "(DeepSpeed pipelines allow 0 or 1).")
+    partition: Literal["parameters", "uniform"] = Field(
+        "parameters", description="How layers are split into stages: evenly by parameter count, or by layer count.")
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches per step on each replica (DeepSpeed's gradient accumulation steps)."""
+        return self.global_batch // (self.micro_batch * self.dp)
+
+
+class OptimParams(Strict):
+    """AdamW as MT-NLG: betas (0.9, 0.95), weight decay 0.1 (not on biases and LayerNorm), clipping 1.0."""
+
+    lr: float = Field(3e-4, gt=0.0)
+    beta1: float = Field(0.9, ge=0.0, lt=1.0)
+    beta2: float = Field(0.95, ge=0.0, lt=1.0)
+    eps: float = Field(1e-8, gt=0.0)
+    weight_decay: float = Field(0.1, ge=0.0)
+    grad_clip: float = Field(1.0, ge=0.0, description="Global gradient-norm clip (0: off).")
+    dtype: Literal["fp32", "bf16"] = Field("fp32", description="bf16: bf16 weights and activations, fp32 master "
+                                                              "weights and optimizer state (DeepSpeed bf16).")
+
+
+def plan(model: ModelParams, par: ParallelParams, world_size: int) -> tuple[ModelParams, list[str]]:
+    """Check a layout before any process group starts: one ConfigError naming the cause. Returns the
+    model with its vocabulary padded to a multiple of 128 x tp (as Megatron), and notes saying so."""
+    if world_size != par.world_size:
+        raise ConfigError(f"world size {world_size} is not tp x pp x dp = {par.tp} x {par.pp} x {par.dp} "
+                          f"= {par.world_size}")
+    if model.n_head % par.tp:
+        raise ConfigError(f"tp {par.tp} does not divide n_head {model.n_head}")
+    if par.pp > model.n_layer:
+        raise ConfigError(f"pp {par.pp} is larger than n_layer {model.n_layer}: a stage would hold no block")
+    if par.global_batch % (par.micro_batch * par.dp):
+        raise ConfigError(f"global_batch {par.global_batch} is not divisible by micro_batch x dp = "
+                          f"{par.micro_batch} x {par.dp} = {par.micro_batch * par.dp}")
+    padded = padded_vocab(model.vocab_size, par.tp)
+    if padded == model.vocab_size:
+        return model, []
+    return (model.model_copy(update={"vocab_size": padded}),
+            [f"vocab_size {model.vocab_size} padded to {padded} (a multiple of 128 x tp {par.tp}, as Megatron); "
+             f"the {padded - model.vocab_size} extra rows are never a target"])

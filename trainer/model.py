@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import zlib
 
 import torch
 import torch.nn as nn
@@ -80,45 +81,84 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
-class GPT(nn.Module):
-    """`group`: the tensor-parallel process group (None: one rank, plain layers)."""
+class WordEmbedding(tp.VocabParallelEmbedding):
+    """The token embedding and, tied to it, the LM head: the pipeline places this one module on the
+    first stage (lookup) and the last (head), and DeepSpeed sums its gradient across the two."""
 
     def __init__(self, p: ModelParams, group=None):
+        super().__init__(p.vocab_size, p.d_model, group)
+        self.fused = p.fused_kernels
+
+    def enter_head(self, h: torch.Tensor) -> torch.Tensor:
+        """The hidden states enter the head's tensor-parallel region (each rank scores its vocabulary slice)."""
+        return tp.copy_to_region(h, self.group)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return tp.gather_from_region(h @ self.weight.t(), self.group)
+
+    def lm_loss(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean next-token loss with the head and cross-entropy fused: training never holds the full
+        logits; under tensor parallelism each rank scores its slice and the loss is combined across them."""
+        return kernels.linear_cross_entropy(h, self.weight, targets, group=self.group,
+                                            vocab_start=self.vocab_start, fused=self.fused)
+
+
+class PositionEmbedding(nn.Embedding):
+    """Learned positions added to the token embeddings, then embedding dropout."""
+
+    def __init__(self, p: ModelParams):
+        super().__init__(p.seq_len, p.d_model)
+        self.drop = nn.Dropout(p.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(x + self.weight[:x.shape[1]])
+
+
+def _initial(name: str, shape: tuple[int, ...], p: ModelParams, seed: int) -> torch.Tensor:
+    """The initial full value of the parameter with this plain-GPT name: zero biases, unit LayerNorm
+    gains, Normal(0, std) weights, output projections scaled by 1/sqrt(2 * n_layer) (GPT-2, Megatron)."""
+    if name.endswith("bias"):
+        return torch.zeros(shape)
+    if name.split(".")[-2].startswith("ln"):
+        return torch.ones(shape)
+    std = p.std / math.sqrt(2 * p.n_layer) if name.endswith("proj.weight") else p.std
+    gen = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63)
+    return torch.normal(0.0, std, shape, generator=gen)
+
+
+def init_parameters(modules, p: ModelParams, seed: int) -> None:
+    """Initialise the parameters of (plain-GPT module name, module) pairs. Each full tensor is drawn
+    from a generator seeded by (seed, its name) and this rank keeps its part, so one seed gives the
+    same model at every (tp, pp) layout (at MT-NLG size the largest full tensor is ~5 GB, once)."""
+    with torch.no_grad():
+        for prefix, module in modules:
+            for name, param in module.named_parameters(recurse=False):
+                full = _initial(f"{prefix}.{name}" if prefix else name,
+                                tp.full_shape(module, name, param.shape), p, seed)
+                param.copy_(tp.local_part(module, name, full))
+
+
+class GPT(nn.Module):
+    """`group`: the tensor-parallel process group (None: one rank, plain layers). The pipeline
+    (trainer/pipeline.py) is the same modules in a DeepSpeed PipelineModule."""
+
+    def __init__(self, p: ModelParams, group=None, seed: int = 0):
         super().__init__()
         self.p, self.group = p, group
-        self.wte = tp.VocabParallelEmbedding(p.vocab_size, p.d_model, group)
-        self.wpe = nn.Embedding(p.seq_len, p.d_model)
-        self.drop = nn.Dropout(p.dropout)
+        self.wte = WordEmbedding(p, group)
+        self.wpe = PositionEmbedding(p)
         self.blocks = nn.ModuleList(Block(p, group) for _ in range(p.n_layer))
         self.ln_f = LayerNorm(p.d_model, p.layernorm_eps, p.fused_kernels)
-        self.reset_parameters()
-
-    def reset_parameters(self):
-        """Normal(0, std) weights, zero biases; output projections scaled by 1/sqrt(2 * n_layer) (GPT-2, Megatron)."""
-        for name, param in self.named_parameters():
-            if name.endswith("bias"):
-                nn.init.zeros_(param)
-            elif "ln" in name:
-                nn.init.ones_(param)
-            elif name.endswith("proj.weight"):
-                nn.init.normal_(param, std=self.p.std / math.sqrt(2 * self.p.n_layer))
-            else:
-                nn.init.normal_(param, std=self.p.std)
+        init_parameters(self.named_modules(), p, seed)
 
     def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
         """Final hidden states [batch, seq, d_model] after the last LayerNorm."""
-        pos = torch.arange(tokens.shape[1], device=tokens.device)
-        x = self.drop(self.wte(tokens) + self.wpe(pos))
+        x = self.wpe(self.wte(tokens))
         for block in self.blocks:
             x = block(x)
         return self.ln_f(x)
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits [batch, seq, vocab] without targets; the mean next-token loss with them (the
-        tied LM head and cross-entropy fused, so training never holds the full logits; under tensor
-        parallelism each rank scores its vocabulary slice and the loss is combined across them)."""
-        h = tp.copy_to_region(self.hidden(tokens), self.group)
-        if targets is None:
-            return tp.gather_from_region(h @ self.wte.weight.t(), self.group)
-        return kernels.linear_cross_entropy(h, self.wte.weight, targets, group=self.group,
-                                            vocab_start=self.wte.vocab_start, fused=self.p.fused_kernels)
+        """Logits [batch, seq, vocab] without targets; the mean next-token loss with them."""
+        h = self.wte.enter_head(self.hidden(tokens))
+        return self.wte.logits(h) if targets is None else self.wte.lm_loss(h, targets)

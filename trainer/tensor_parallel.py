@@ -93,6 +93,14 @@ def _split(n: int, size: int, what: str) -> int:
     return n // size
 
 
+def _mark_sharded(*params) -> None:
+    """DeepSpeed's gradient-norm counts a parameter on every tensor-parallel rank only when it is
+    marked as split (`tensor_model_parallel`, Megatron's attribute); replicated ones count once."""
+    for param in params:
+        if param is not None:
+            param.tensor_model_parallel = True
+
+
 class _Sharded(nn.Module):
     """A layer holding this rank's part of a full parameter (its slicing is `local_part`)."""
 
@@ -113,6 +121,7 @@ class ColumnParallelLinear(_Sharded):
         self.out_local = _split(out_features, size, "output features")
         self.weight = nn.Parameter(torch.empty(self.out_local, in_features))
         self.bias = nn.Parameter(torch.zeros(self.out_local)) if bias else None
+        _mark_sharded(self.weight, self.bias)
 
     def forward(self, x):
         y = F.linear(copy_to_region(x, self.group), self.weight, self.bias)
@@ -127,6 +136,7 @@ class RowParallelLinear(_Sharded):
         self.in_local = _split(in_features, size, "input features")
         self.weight = nn.Parameter(torch.empty(out_features, self.in_local))
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+        _mark_sharded(self.weight)  # the bias is added after the sum: replicated
 
     def forward(self, x_parallel):
         y = reduce_from_region(F.linear(x_parallel, self.weight), self.group)
@@ -141,6 +151,7 @@ class VocabParallelEmbedding(_Sharded):
         self.vocab_local = _split(vocab, size, "vocabulary (pad it with padded_vocab)")
         self.vocab_start = rank * self.vocab_local
         self.weight = nn.Parameter(torch.empty(self.vocab_local, dim))
+        _mark_sharded(self.weight)
 
     def forward(self, tokens):
         if self.group is None:
@@ -164,6 +175,18 @@ def local_part(module: nn.Module, param: str, full: torch.Tensor) -> torch.Tenso
     if isinstance(module, VocabParallelEmbedding):
         return full[module.vocab_start:module.vocab_start + module.vocab_local]
     return full
+
+
+def full_shape(module: nn.Module, param: str, local: torch.Size) -> tuple[int, ...]:
+    """The full (tp = 1) shape of `module`'s parameter `param` whose local part has shape `local`
+    (the inverse of local_part's slicing)."""
+    _, size = world(getattr(module, "group", None))
+    shape = list(local)
+    if isinstance(module, (ColumnParallelLinear, VocabParallelEmbedding)):
+        shape[0] *= size
+    elif isinstance(module, RowParallelLinear) and param == "weight":
+        shape[1] *= size
+    return tuple(shape)
 
 
 def load_full_state(model: nn.Module, state: dict) -> None:

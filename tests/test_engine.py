@@ -1,0 +1,85 @@
+"""The 3D-parallel engine (issue #12): layouts checked before any process group starts, and the losses
+of 10 optimizer steps at (tp, pp, dp) = (1,1,1) (2,1,1) (1,2,1) (1,1,2) (2,2,2), launched with torchrun
+on local gloo ranks, equal to the single-process plain PyTorch loop within relative 1e-4."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch.distributed as dist
+
+from tasks.core.errors import ConfigError
+from trainer.config import ModelParams, OptimParams, ParallelParams, plan
+from trainer.parity import ParityRun, launch, main, max_rel_diff, plain_losses
+from trainer.topology import Coord, coord, rank_of
+
+TINY = ModelParams(n_layer=4, n_head=4, d_model=32, vocab_size=256, seq_len=16, fused_kernels=False)
+RUN = ParityRun(model=TINY, parallel=ParallelParams(micro_batch=2, global_batch=8),
+                optim=OptimParams(lr=3e-3, grad_clip=0.5), steps=10)
+
+
+@pytest.mark.parametrize("par,world,message", [
+    (ParallelParams(tp=3), 3, "tp 3 does not divide n_head 4"),
+    (ParallelParams(pp=5), 5, "pp 5 is larger than n_layer 4"),
+    (ParallelParams(tp=2, pp=2, dp=2), 4, "world size 4 is not tp x pp x dp = 2 x 2 x 2 = 8"),
+    (ParallelParams(dp=3, micro_batch=2, global_batch=8), 3,
+     "global_batch 8 is not divisible by micro_batch x dp = 2 x 3 = 6"),
+])
+def test_bad_layouts_are_refused_with_one_line(par, world, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        plan(TINY, par, world)
+
+
+def test_vocab_is_padded_for_tensor_parallelism_and_says_so():
+    model, notes = plan(TINY.model_copy(update={"vocab_size": 250}), ParallelParams(tp=2, pp=1), 2)
+    assert model.vocab_size == 256 and "vocab_size 250 padded to 256" in notes[0]
+    model, notes = plan(TINY, ParallelParams(tp=2), 2)  # already a multiple of 128 x 2
+    assert model.vocab_size == 256 and notes == []
+
+
+def test_a_bad_layout_fails_before_any_process_group(tmp_path, monkeypatch, capsys):
+    """The worker's one-line error and exit code 2, and torch.distributed never initialised."""
+    cfg = tmp_path / "run.json"
+    cfg.write_text(RUN.model_copy(update={"parallel": ParallelParams(tp=2, pp=2)}).model_dump_json())
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert main([str(cfg)]) == 2
+    assert capsys.readouterr().err.strip() == \
+        "configuration error: world size 3 is not tp x pp x dp = 2 x 2 x 1 = 4"
+    assert not dist.is_initialized()
+
+
+def test_ranks_are_model_fastest_then_pipe_then_data():
+    par = ParallelParams(tp=2, pp=3, dp=2)
+    assert [coord(r, par) for r in (0, 1, 2, 5, 6)] == [
+        Coord(0, 0, 0), Coord(0, 0, 1), Coord(0, 1, 0), Coord(0, 2, 1), Coord(1, 0, 0)]
+    assert all(rank_of(coord(r, par), par) == r for r in range(par.world_size))
+
+
+@pytest.fixture(scope="module")
+def reference():
+    from trainer.plain_loop import PlainLoop
+    from trainer.parity import batches
+    loop = PlainLoop(RUN.model, RUN.optim, RUN.parallel.micro_batch, RUN.seed)
+    losses = [loop.train_step(b) for b in batches(RUN)]
+    # clipping must really act, or parity would not show the engine clips like the reference
+    assert min(loop.grad_norms) > RUN.optim.grad_clip
+    assert losses == plain_losses(RUN), "the plain loop is deterministic"
+    return losses
+
+
+@pytest.mark.parametrize("tp,pp,dp", [(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2), (2, 2, 2)])
+def test_engine_losses_match_the_plain_loop(tp, pp, dp, reference, tmp_path):
+    run = RUN.model_copy(update={"parallel": RUN.parallel.model_copy(update={"tp": tp, "pp": pp, "dp": dp})})
+    losses = launch(run, tmp_path)["losses"]
+    assert len(losses) == RUN.steps
+    # the issue's bound is 1e-4; fp32 gives ~1e-7 here, and 1e-6 also catches a tied-embedding gradient
+    # counted twice in the clipping norm (8.6e-6 at (1,2,1) when that happened)
+    assert max_rel_diff(losses, reference) < 1e-6, (losses, reference)
+    assert reference[-1] < reference[0], "the loss moves: the steps are real updates"
+
+
+def test_bf16_engine_stays_close_to_the_fp32_loop(reference, tmp_path):
+    """bf16 weights and activations with fp32 master weights (DeepSpeed bf16 + ZeRO-1), tp 2 x pp 2."""
+    run = RUN.model_copy(update={"parallel": RUN.parallel.model_copy(update={"tp": 2, "pp": 2}),
+                                 "optim": RUN.optim.model_copy(update={"dtype": "bf16"})})
+    assert max_rel_diff(launch(run, tmp_path)["losses"], reference) < 1e-2

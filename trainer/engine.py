@@ -1,0 +1,103 @@
+"""The 3D-parallel training engine: the pipeline of trainer/pipeline.py under DeepSpeed, with
+ZeRO-1 data parallelism, AdamW and gradient clipping. Launch one process per rank with the
+`deepspeed` launcher or torchrun; on CPU set DS_ACCELERATOR=cpu (gloo), on GPU it uses NCCL.
+
+    engine = Engine.start(model_params, parallel_params, optim_params, seed=0)
+    loss = engine.train_step(rows)      # rows: this replica's [global_batch / dp, seq + 1] tokens
+"""
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable
+
+import torch
+import torch.nn as nn
+
+from trainer.config import ModelParams, OptimParams, ParallelParams, plan
+from trainer.topology import coord, tensor_group
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Weight decay on matrices (linear and embedding weights), none on biases and LayerNorm gains (Megatron)."""
+    decay, plain = [], []
+    for param in model.parameters():
+        if param.requires_grad:
+            (decay if param.ndim >= 2 else plain).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": plain, "weight_decay": 0.0}]
+
+
+def zero_stage(par: ParallelParams) -> int:
+    """ZeRO-1 partitions the optimizer state over the data-parallel replicas; one replica has nothing
+    to partition and its flat-buffer copies cost ~7% of a CPU step, so a single-stage dp = 1 run uses
+    stage 0. With pp > 1 ZeRO-1 stays: DeepSpeed's stage-0 clipping counts the tied embedding's
+    gradient on both stages (its ZeRO-1 norm skips the replica), which would clip too hard."""
+    return par.zero_stage if par.dp > 1 or par.pp > 1 else 0
+
+
+def deepspeed_config(par: ParallelParams, opt: OptimParams) -> dict:
+    return {
+        "train_batch_size": par.global_batch,
+        "train_micro_batch_size_per_gpu": par.micro_batch,
+        "gradient_accumulation_steps": par.micro_batches,
+        # torch's AdamW: no JIT-built op (DeepSpeed's FusedAdam/CPUAdam take ~2 minutes to compile)
+        "optimizer": {"type": "AdamW", "params": {"lr": opt.lr, "betas": [opt.beta1, opt.beta2], "eps": opt.eps,
+                                                  "weight_decay": opt.weight_decay, "torch_adam": True}},
+        "gradient_clipping": opt.grad_clip,  # DeepSpeed's default is 1.0 whatever the recipe says
+        "zero_optimization": {"stage": zero_stage(par)},
+        "bf16": {"enabled": opt.dtype == "bf16"},
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+
+
+class Engine:
+    """One rank's view of a training run: its pipeline stage and the DeepSpeed engine around it."""
+
+    def __init__(self, ds_engine, model: ModelParams, par: ParallelParams, notes: list[str]):
+        self.ds, self.model, self.par, self.notes = ds_engine, model, par, notes
+        self.rank = int(os.environ["RANK"])
+        self.coord = coord(self.rank, par)
+
+    @classmethod
+    def start(cls, model: ModelParams, par: ParallelParams, opt: OptimParams, seed: int = 0) -> "Engine":
+        """Check the layout (before any process group), join the process group, build this rank's
+        stage with the layout-independent initialisation for `seed`, and wrap it in DeepSpeed."""
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        model, notes = plan(model, par, world)
+        if zero_stage(par) != par.zero_stage:
+            notes.append(f"zero_stage {par.zero_stage} runs as 0 at dp 1, pp 1 (one replica: nothing to partition)")
+        if int(os.environ.get("RANK", "0")) == 0:
+            for note in notes:
+                print(f"note: {note}", file=sys.stderr)
+        import deepspeed
+        from trainer.pipeline import build_pipeline
+        deepspeed.init_distributed(verbose=False)
+        pipe = build_pipeline(model, par, tensor_group(par), seed)
+        ds_engine, *_ = deepspeed.initialize(model=pipe, model_parameters=param_groups(pipe, opt.weight_decay),
+                                             config=deepspeed_config(par, opt))
+        return cls(ds_engine, model, par, notes)
+
+    @property
+    def device(self) -> torch.device:
+        return self.ds.device
+
+    def replica_rows(self, batch: torch.Tensor) -> torch.Tensor:
+        """This replica's contiguous share of a global batch [global_batch, seq + 1]."""
+        per = self.par.global_batch // self.par.dp
+        return batch[self.coord.data * per:(self.coord.data + 1) * per]
+
+    def train_step(self, rows: torch.Tensor) -> float:
+        """One optimizer step over this replica's rows: its micro-batches through the 1F1B schedule,
+        gradients averaged over dp and summed for the tied embedding, clipped, AdamW. Returns the
+        step's mean loss over the whole global batch (the same number on every rank)."""
+        micro: Iterable = ((mb[:, :-1].contiguous(), mb[:, 1:].contiguous())
+                           for mb in rows.split(self.par.micro_batch))
+        return float(self.ds.train_batch(data_iter=iter(micro)))
+
+    def close(self) -> None:
+        """Leave the process group together: a rank exiting while gloo's threads still talk to its
+        peers can abort ("terminate called without an active exception")."""
+        import torch.distributed as dist
+        dist.barrier()
+        dist.destroy_process_group()

@@ -1,0 +1,98 @@
+"""Parity of the engine with a single process: the same seed, data and recipe trained at a (tp, pp, dp)
+layout under torchrun and in the plain PyTorch loop must give the same losses step by step.
+
+    python -m trainer.parity run.json     # one rank of a torchrun launch: trains, rank 0 writes losses
+
+`launch` starts torchrun on 127.0.0.1 (gloo on CPU); `plain_losses` runs the reference loop.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from pydantic import Field
+
+from tasks.core.config import Strict
+from trainer.config import ModelParams, OptimParams, ParallelParams
+
+
+class ParityRun(Strict):
+    model: ModelParams
+    parallel: ParallelParams = ParallelParams()
+    optim: OptimParams = OptimParams()
+    seed: int = 0
+    steps: int = Field(10, ge=1)
+    out: str = "parity.json"
+
+
+def batches(run: ParityRun) -> torch.Tensor:
+    """[steps, global_batch, seq + 1] random tokens, the same for every layout."""
+    gen = torch.Generator().manual_seed(run.seed + 1)
+    shape = (run.steps, run.parallel.global_batch, run.model.seq_len + 1)
+    return torch.randint(0, run.model.vocab_size, shape, generator=gen)
+
+
+def plain_losses(run: ParityRun) -> list[float]:
+    from trainer.plain_loop import PlainLoop
+    loop = PlainLoop(run.model, run.optim, run.parallel.micro_batch, run.seed)
+    return [loop.train_step(batch) for batch in batches(run)]
+
+
+def engine_losses(run: ParityRun) -> list[float]:
+    from trainer.engine import Engine
+    engine = Engine.start(run.model, run.parallel, run.optim, run.seed)
+    losses = [engine.train_step(engine.replica_rows(batch)) for batch in batches(run)]
+    engine.close()
+    return losses
+
+
+def max_rel_diff(a: list[float], b: list[float]) -> float:
+    return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b, strict=True))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(run: ParityRun, workdir: Path, timeout: float = 900) -> dict:
+    """Train `run` on tp x pp x dp local processes through torchrun; returns rank 0's result
+    ({"losses": [...]}) or raises RuntimeError with the launch's last error line."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    run = run.model_copy(update={"out": str(workdir / "result.json")})
+    cfg = workdir / "run.json"
+    cfg.write_text(run.model_dump_json())
+    env = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR") or "cpu", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+           "--nproc-per-node", str(run.parallel.world_size), "--master-addr", "127.0.0.1",
+           "--master-port", str(_free_port()), "-m", "trainer.parity", str(cfg)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    (workdir / "launch.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode:
+        errors = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "error" in ln.lower()]
+        raise RuntimeError(f"torchrun exited {proc.returncode}: {errors[0] if errors else 'see ' + str(workdir)}")
+    return json.loads(Path(run.out).read_text())
+
+
+def main(argv: list[str]) -> int:
+    from tasks.core.errors import describe
+    try:
+        run = ParityRun.model_validate_json(Path(argv[0]).read_text())
+        losses = engine_losses(run)
+    except Exception as e:  # noqa: BLE001 - one line and the exit code, as every entry point
+        code, line = describe(e)
+        print(line, file=sys.stderr)
+        return code
+    if int(os.environ.get("RANK", "0")) == 0:
+        Path(run.out).write_text(json.dumps({"losses": losses}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
