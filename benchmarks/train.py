@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from trainer.config import ModelParams, OptimParams, ParallelParams
-from trainer.parity import ParityRun, _free_port, batches, launch, max_rel_diff, plain_losses
+from trainer.launch import free_port
+from trainer.parity import ParityRun, batches, launch, max_rel_diff, plain_losses
 
 PARITY_MODEL = ModelParams(n_layer=4, n_head=4, d_model=64, vocab_size=256, seq_len=32, fused_kernels=False)
 SPEED_MODEL = ModelParams(n_layer=4, n_head=8, d_model=256, vocab_size=4096, seq_len=128, fused_kernels=False)
@@ -44,7 +45,7 @@ def parity(steps: int) -> float:
 
 
 def speed(steps: int, repeats: int) -> float:
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "RANK": "0",
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
                        "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     torch.set_num_threads(1)

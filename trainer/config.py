@@ -94,3 +94,30 @@ def plan(model: ModelParams, par: ParallelParams, world_size: int) -> tuple[Mode
     return (model.model_copy(update={"vocab_size": padded}),
             [f"vocab_size {model.vocab_size} padded to {padded} (a multiple of 128 x tp {par.tp}, as Megatron); "
              f"the {padded - model.vocab_size} extra rows are never a target"])
+
+
+class ScheduleParams(Strict):
+    """Tokens to train, the learning-rate schedule and the batch-size ramp, in tokens as MT-NLG states
+    them (270B tokens, 1B of warmup, batch 32 -> 1920 in steps of 32 over the first 12B)."""
+
+    train_tokens: int = Field(ge=1, description="Training stops once this many tokens are consumed.")
+    warmup_tokens: int = Field(0, ge=0, description="Linear LR warmup from 0 to the peak over these tokens.")
+    decay_tokens: int | None = Field(None, ge=1, description="Cosine decay ends here (None: train_tokens).")
+    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="Cosine decays to this fraction of the peak.")
+    rampup_start: int = Field(0, ge=0, description="Global batch at the start of the ramp (0: no ramp).")
+    rampup_increment: int = Field(0, ge=0, description="The ramp's step in sequences (Megatron's --rampup-batch-size).")
+    rampup_tokens: int = Field(0, ge=0, description="Tokens over which the batch ramps up to global_batch.")
+
+
+class TrainParams(Strict):
+    """One training run: model, layout, optimizer, schedule, checkpoints."""
+
+    model: ModelParams = ModelParams()
+    parallel: ParallelParams = ParallelParams()
+    optim: OptimParams = OptimParams()
+    schedule: ScheduleParams = ScheduleParams(train_tokens=1)
+    seed: int = Field(1234, description="Initialisation seed (the same model at every layout).")
+    checkpoint_every: int = Field(100, ge=1, description="Steps between checkpoints (and one at the end).")
+    keep_checkpoints: int = Field(2, ge=1, description="Most recent checkpoints kept on disk.")
+    peak_tflops: float | None = Field(None, gt=0.0, description="Per-device dense peak for MFU (H100/H200 "
+                                                                "SXM bf16: 989); None: MFU not reported.")

@@ -54,8 +54,9 @@ def deepspeed_config(par: ParallelParams, opt: OptimParams) -> dict:
 class Engine:
     """One rank's view of a training run: its pipeline stage and the DeepSpeed engine around it."""
 
-    def __init__(self, ds_engine, model: ModelParams, par: ParallelParams, notes: list[str]):
+    def __init__(self, ds_engine, model: ModelParams, par: ParallelParams, notes: list[str], tensor_group=None):
         self.ds, self.model, self.par, self.notes = ds_engine, model, par, notes
+        self.tensor_group = tensor_group
         self.rank = int(os.environ["RANK"])
         self.coord = coord(self.rank, par)
 
@@ -73,19 +74,29 @@ class Engine:
         import deepspeed
         from trainer.pipeline import build_pipeline
         deepspeed.init_distributed(verbose=False)
-        pipe = build_pipeline(model, par, tensor_group(par), seed)
+        group = tensor_group(par)
+        pipe = build_pipeline(model, par, group, seed)
         ds_engine, *_ = deepspeed.initialize(model=pipe, model_parameters=param_groups(pipe, opt.weight_decay),
                                              config=deepspeed_config(par, opt))
-        return cls(ds_engine, model, par, notes)
+        return cls(ds_engine, model, par, notes, group)
 
     @property
     def device(self) -> torch.device:
         return self.ds.device
 
     def replica_rows(self, batch: torch.Tensor) -> torch.Tensor:
-        """This replica's contiguous share of a global batch [global_batch, seq + 1]."""
-        per = self.par.global_batch // self.par.dp
+        """This replica's contiguous share of a global batch [rows, seq + 1]."""
+        per = batch.shape[0] // self.par.dp
         return batch[self.coord.data * per:(self.coord.data + 1) * per]
+
+    def set_global_batch(self, rows: int) -> None:
+        """Batch-size ramp: the same micro-batch, more or fewer micro-batches per step (as Megatron)."""
+        if rows != self.ds.train_batch_size():
+            self.ds.set_train_batch_size(rows)
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.ds.optimizer.param_groups:
+            group["lr"] = lr
 
     def train_step(self, rows: torch.Tensor) -> float:
         """One optimizer step over this replica's rows: its micro-batches through the 1F1B schedule,

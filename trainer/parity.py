@@ -3,14 +3,12 @@ layout under torchrun and in the plain PyTorch loop must give the same losses st
 
     python -m trainer.parity run.json     # one rank of a torchrun launch: trains, rank 0 writes losses
 
-`launch` starts torchrun on 127.0.0.1 (gloo on CPU); `plain_losses` runs the reference loop.
+`launch` starts it under torchrun on 127.0.0.1 (gloo on CPU); `plain_losses` runs the reference loop.
 """
 from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -55,28 +53,15 @@ def max_rel_diff(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b, strict=True))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(run: ParityRun, workdir: Path, timeout: float = 900) -> dict:
     """Train `run` on tp x pp x dp local processes through torchrun; returns rank 0's result
-    ({"losses": [...]}) or raises RuntimeError with the launch's last error line."""
+    ({"losses": [...]}) or raises RuntimeError with the ranks' first error line."""
+    from trainer import launch as launcher
     workdir.mkdir(parents=True, exist_ok=True)
     run = run.model_copy(update={"out": str(workdir / "result.json")})
     cfg = workdir / "run.json"
     cfg.write_text(run.model_dump_json())
-    env = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR") or "cpu", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
-           "--nproc-per-node", str(run.parallel.world_size), "--master-addr", "127.0.0.1",
-           "--master-port", str(_free_port()), "-m", "trainer.parity", str(cfg)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    (workdir / "launch.log").write_text(proc.stdout + proc.stderr)
-    if proc.returncode:
-        errors = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "error" in ln.lower()]
-        raise RuntimeError(f"torchrun exited {proc.returncode}: {errors[0] if errors else 'see ' + str(workdir)}")
+    launcher.run("trainer.parity", cfg, run.parallel.world_size, workdir / "launch.log", timeout)
     return json.loads(Path(run.out).read_text())
 
 

@@ -2,7 +2,7 @@
 
 Rank order is (data, pipe, model) with model fastest: the tp ranks of one stage are adjacent (inside
 a node, where tensor parallelism's per-layer all-reduces need NVLink), a replica's pipeline stages
-are the next blocks of ranks (across nodes), data parallelism is outermost. MT-NLG: tp 8 x pp 35 x dp 12.
+are the next blocks of ranks (across nodes), data parallelism is outermost. MT-NLG: tp 8 x pp 35, replicas over the rest (2240 GPUs: dp 8).
 """
 from __future__ import annotations
 

@@ -45,6 +45,12 @@ class ExpectationFailed(PipelineError, RuntimeError):
         super().__init__(f"stage '{stage}' failed validation: " + "; ".join(failures) + f" (Data Docs: {docs})")
 
 
+class TrainingError(PipelineError, RuntimeError):
+    """Training cannot go on (a non-finite loss outside loss scaling): names the step and the cause."""
+
+    label = "training failed"
+
+
 class UnfinishedInput(PipelineError, RuntimeError):
     """A stage was asked to run on an input stage that has not completed."""
 

@@ -1,0 +1,51 @@
+"""The recipe's schedules (MT-NLG's numbers): LR warmup then cosine to 10%, Megatron's batch ramp."""
+from __future__ import annotations
+
+import pytest
+
+from tasks.core.errors import ConfigError
+from trainer import schedule
+from trainer.config import OptimParams, ParallelParams, ScheduleParams
+
+SEQ = 2048
+MTNLG = ScheduleParams(train_tokens=270 * 10**9, warmup_tokens=10**9, rampup_start=32, rampup_increment=32,
+                       rampup_tokens=12 * 10**9)
+PAR = ParallelParams(tp=8, pp=35, dp=8, micro_batch=1, global_batch=1920)  # 2240 GPUs
+OPT = OptimParams(lr=5e-5)
+
+
+def test_learning_rate_warms_up_linearly_then_decays_by_cosine_to_a_tenth():
+    lr = lambda tokens: schedule.learning_rate(tokens, MTNLG, OPT)  # noqa: E731
+    assert lr(0) == 0.0
+    assert lr(5 * 10**8) == pytest.approx(2.5e-5)
+    assert lr(10**9) == pytest.approx(5e-5)
+    assert lr(10**9 + (270 * 10**9 - 10**9) // 2) == pytest.approx((5e-5 + 5e-6) / 2)
+    assert lr(270 * 10**9) == pytest.approx(5e-6)
+    assert lr(400 * 10**9) == pytest.approx(5e-6), "flat at the floor after the decay"
+    values = [lr(t) for t in range(10**9, 270 * 10**9, 10**9)]
+    assert all(a >= b for a, b in zip(values, values[1:])), "monotone decay"
+
+
+def test_batch_ramps_from_32_by_32_to_1920_over_12b_tokens_like_megatron():
+    gb = lambda samples: schedule.global_batch(samples, MTNLG, PAR, SEQ)  # noqa: E731
+    per_increment = 12 * 10**9 / SEQ / 59  # 59 increments of 32 from 32 to 1920
+    assert gb(0) == 32
+    assert gb(int(per_increment) - 1) == 32 and gb(int(per_increment) + 1) == 64
+    assert gb(int(30 * per_increment) + 1) == 32 + 30 * 32
+    assert gb(12 * 10**9 // SEQ) == 1920 and gb(10**9) == 1920
+    assert schedule.global_batch(0, ScheduleParams(train_tokens=1), PAR, SEQ) == 1920, "no ramp"
+
+
+@pytest.mark.parametrize("ramp,message", [
+    (dict(rampup_start=30, rampup_increment=32), "rampup_start 30 is not a multiple of micro_batch x dp = 8"),
+    (dict(rampup_start=40, rampup_increment=0), "a ramp needs rampup_increment > 0"),
+    (dict(rampup_start=48, rampup_increment=40), "global_batch 1920 - rampup_start 48 is not a multiple of "
+                                                 "rampup_increment 40"),
+])
+def test_a_ramp_that_cannot_be_split_is_refused(ramp, message):
+    with pytest.raises(ConfigError, match=message):
+        schedule.check(ScheduleParams(train_tokens=1, rampup_tokens=10, **ramp), PAR)
+
+
+def test_the_mtnlg_ramp_is_accepted():
+    schedule.check(MTNLG, PAR)

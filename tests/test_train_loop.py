@@ -1,0 +1,105 @@
+"""Training runs under torchrun (issue #13, trainer side): checkpoints are exact and layout-independent,
+a kill -9 mid-run resumes to the same losses bit for bit, and bad inputs stop with one line."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainer import checkpoint
+from trainer.config import ModelParams, OptimParams, ParallelParams, ScheduleParams, TrainParams
+from trainer.run import RunSpec, launch_and_kill, losses
+from trainer.run import launch as launch_run
+
+MODEL = ModelParams(n_layer=4, n_head=4, d_model=32, vocab_size=256, seq_len=16, fused_kernels=False)
+STEPS, BATCH = 8, 8
+
+
+def spec(out: Path, tp=1, pp=2, dp=1, steps=STEPS, **train) -> RunSpec:
+    t = TrainParams(model=MODEL, parallel=ParallelParams(tp=tp, pp=pp, dp=dp, micro_batch=2, global_batch=BATCH),
+                    optim=OptimParams(lr=3e-3, grad_clip=0.5),
+                    schedule=ScheduleParams(train_tokens=steps * BATCH * MODEL.seq_len,
+                                            warmup_tokens=2 * BATCH * MODEL.seq_len),
+                    checkpoint_every=2, keep_checkpoints=3, seed=3)
+    return RunSpec(train=t.model_copy(update=train), out=str(out), mock_samples=1000)
+
+
+def train(s: RunSpec) -> dict[int, float]:
+    return launch_run(s, timeout=900)
+
+
+def resume_from(src: Path, step: int, s: RunSpec) -> dict[int, float]:
+    return train(s.model_copy(update={"init_from": str(src / "checkpoints" / f"step-{step:08d}")}))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    """8 steps at (tp, pp, dp) = (2, 2, 1), a checkpoint every 2."""
+    out = tmp_path_factory.mktemp("uninterrupted")
+    got = train(spec(out, tp=2, pp=2))
+    assert sorted(got) == list(range(1, STEPS + 1))
+    assert [p.name for p in sorted((out / "checkpoints").glob("step-*"))] == \
+        ["step-00000004", "step-00000006", "step-00000008"]  # keep_checkpoints = 3
+    return out
+
+
+def test_resume_at_the_same_layout_is_exact(uninterrupted, tmp_path):
+    got = resume_from(uninterrupted, 4, spec(tmp_path, tp=2, pp=2))
+    assert got == {k: v for k, v in losses(uninterrupted).items() if k > 4}
+
+
+@pytest.mark.parametrize("tp,pp,dp", [(1, 2, 2), (2, 1, 1)])
+def test_resume_at_another_layout(uninterrupted, tmp_path, tp, pp, dp):
+    got, want = resume_from(uninterrupted, 4, spec(tmp_path, tp=tp, pp=pp, dp=dp)), losses(uninterrupted)
+    assert sorted(got) == list(range(5, STEPS + 1))
+    for step in range(5, STEPS + 1):
+        assert abs(got[step] - want[step]) <= 1e-4 * abs(want[step]), step
+
+
+def test_kill_9_mid_run_then_resume_gives_the_same_losses(tmp_path):
+    # a checkpoint every 4 steps: the kill after step 5 lands past step 4's, so steps are redone
+    reference = train(spec(tmp_path / "reference", steps=24, checkpoint_every=4))
+    s = spec(tmp_path / "killed", steps=24, checkpoint_every=4)
+    assert launch_and_kill(s, after_step=5) < 24, "killed mid-run"
+    assert checkpoint.latest(Path(s.out) / "checkpoints") is not None
+    assert train(s) == reference
+
+
+def test_a_checkpoint_of_another_model_is_refused(uninterrupted, tmp_path):
+    s = spec(tmp_path, tp=2, pp=2)
+    s = s.model_copy(update={"train": s.train.model_copy(update={"model": MODEL.model_copy(update={"d_model": 64})})})
+    with pytest.raises(RuntimeError, match=r"configuration error: checkpoint .*step-00000004 is of another "
+                                           r"model: d_model 32 != 64"):
+        resume_from(uninterrupted, 4, s)
+
+
+def test_a_diverging_loss_stops_with_the_step(tmp_path):
+    with pytest.raises(RuntimeError, match=r"training failed: loss is (nan|inf) at step \d+"):
+        train(spec(tmp_path, optim=OptimParams(lr=1e30, grad_clip=0.0)))
+
+
+def test_too_few_samples_for_the_tokens_is_refused(tmp_path):
+    s = spec(tmp_path).model_copy(update={"mock_samples": 20})
+    with pytest.raises(RuntimeError, match="the data has 20 samples but step 3 needs samples up to 24"):
+        train(s)
+
+
+def test_export_to_hugging_face_gives_the_same_logits(uninterrupted, tmp_path):
+    import torch
+    from transformers import GPT2LMHeadModel
+
+    from trainer.checkpoint import Tensors
+    from trainer.export import export
+    from trainer.model import GPT
+    folder = checkpoint.latest(uninterrupted / "checkpoints")
+    tokenizer = tmp_path / "tok.json"
+    tokenizer.write_text("{}")
+    out = export(folder, tmp_path / "hf", tokenizer)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
+    ours = GPT(MODEL)
+    tensors = Tensors(folder)
+    ours.load_state_dict({k: tensors[f"param/{k}"] for k in ours.state_dict()})
+    theirs = GPT2LMHeadModel.from_pretrained(out).eval()
+    tokens = torch.randint(0, MODEL.vocab_size, (3, MODEL.seq_len), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert (ours(tokens) - theirs(tokens).logits).abs().max() <= 1e-4

@@ -1,0 +1,179 @@
+"""Layout-independent checkpoints: every tensor is stored whole, under the plain GPT's name, so a
+checkpoint written at one (tp, pp, dp) resumes at any other and exports without a converter.
+
+    <dir>/step-00000010/stage-<s>.safetensors  param/<name>, exp_avg/<name>, exp_avg_sq/<name> (fp32)
+                        rng-<rank>.safetensors  the rank's torch RNG (restored at the same layout)
+                        meta.json               step, data position, Adam step, model, layout
+    <dir>/latest                                the newest complete checkpoint's folder name
+
+Writing: every rank gathers its parameters whole (the fp32 master and Adam moments over the ZeRO-1
+replicas, then the tensor-parallel slices), the (data 0, model 0) rank of each stage writes its
+stage's file into `step-N.partial/`, and rank 0 renames the folder and then replaces `latest`, so a
+kill or a full disk during a save leaves the previous checkpoint the one that loads. Loading reads
+safetensors and JSON only (no pickle).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from tasks.core.errors import ConfigError
+from trainer import tensor_parallel as tp
+from trainer.pipeline import plain_modules
+
+KEYS = ("param", "exp_avg", "exp_avg_sq")
+LATEST = "latest"
+
+
+def _params(engine):
+    """(plain name, module, attribute, parameter) for every parameter this rank holds, in module order."""
+    for prefix, module in plain_modules(engine.ds.module, engine.model.n_layer):
+        for attr, param in module.named_parameters(recurse=False):
+            yield f"{prefix}.{attr}", module, attr, param
+
+
+def _torch_optimizer(engine):
+    """The torch AdamW inside DeepSpeed (inside the ZeRO-1 wrapper when there is one)."""
+    opt = engine.ds.optimizer
+    return getattr(opt, "optimizer", opt)
+
+
+def _link_moments(engine) -> None:
+    """Point every parameter's ZeRO fragment at its Adam moments. DeepSpeed links them once, right
+    after the first param group's first step, when the later groups have no state yet (so with
+    decay/no-decay groups the second group's `exp_avg` reads as missing); linking again is harmless."""
+    opt = engine.ds.optimizer
+    if hasattr(opt, "_lazy_init_hp_params_optimizer_state"):
+        opt._hp_optimizer_states_linked = False
+        opt._lazy_init_hp_params_optimizer_state()
+
+
+def _get(engine, param, key: str) -> torch.Tensor:
+    """This rank's part of a tensor whole over the data-parallel replicas (a collective under ZeRO)."""
+    if hasattr(param, "_hp_mapping"):
+        return param.get_full_hp_param(None if key == "param" else key).detach()
+    if key == "param":
+        return param.detach().float()
+    return _torch_optimizer(engine).state[param][key].detach().float()
+
+
+def _set(engine, param, key: str, value: torch.Tensor) -> None:
+    with torch.no_grad():
+        if key == "param":
+            param.copy_(value.to(param.dtype))
+        if hasattr(param, "_hp_mapping"):
+            param.set_full_hp_param(value.to(param.device), None if key == "param" else key)
+        elif key != "param":
+            _torch_optimizer(engine).state[param][key].copy_(value)
+
+
+def _whole(module, attr: str, local: torch.Tensor, group) -> torch.Tensor:
+    """The full (tp = 1) tensor from every tensor-parallel rank's slice (a collective over tp)."""
+    if group is None or not getattr(getattr(module, attr), "tensor_model_parallel", False):
+        return local
+    parts = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, local.contiguous(), group=group)
+    dim = 1 if isinstance(module, tp.RowParallelLinear) else 0
+    return torch.cat(parts, dim=dim)
+
+
+def save(engine, directory: Path, step: int, state: dict) -> Path:
+    """Write checkpoint `step` (every rank calls this); `state` is the run's position (JSON-able)."""
+    directory = Path(directory)
+    final, partial = directory / f"step-{step:08d}", directory / f"step-{step:08d}.partial"
+    if engine.rank == 0:
+        shutil.rmtree(partial, ignore_errors=True)  # left by a save that was killed
+        partial.mkdir(parents=True)
+    dist.barrier()
+    group = engine.tensor_group
+    _link_moments(engine)
+    tensors = {}
+    for name, module, attr, param in _params(engine):
+        for key in KEYS:
+            whole = _whole(module, attr, _get(engine, param, key), group)
+            if not getattr(param, "ds_pipe_replicated", False):  # the tied copy is written by the first stage
+                tensors[f"{key}/{name}"] = whole.cpu().contiguous()
+    if engine.coord.data == 0 and engine.coord.model == 0:
+        save_file(tensors, str(partial / f"stage-{engine.coord.pipe}.safetensors"))
+    save_file({"torch": torch.get_rng_state()}, str(partial / f"rng-{engine.rank}.safetensors"))
+    dist.barrier()
+    if engine.rank == 0:
+        meta = {"format": 1, "step": step, **state, "model": engine.model.model_dump(),
+                "layout": {"tp": engine.par.tp, "pp": engine.par.pp, "dp": engine.par.dp}}
+        (partial / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(partial, final)
+        pointer = directory / f"{LATEST}.tmp"
+        pointer.write_text(final.name, encoding="utf-8")
+        os.replace(pointer, directory / LATEST)
+    dist.barrier()
+    return final
+
+
+def prune(directory: Path, keep: int) -> None:
+    """Remove all but the newest `keep` complete checkpoints (rank 0 only)."""
+    done = sorted(p for p in Path(directory).glob("step-*") if p.is_dir() and not p.name.endswith(".partial"))
+    for old in done[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def latest(directory: Path) -> Path | None:
+    pointer = Path(directory) / LATEST
+    return Path(directory) / pointer.read_text(encoding="utf-8").strip() if pointer.is_file() else None
+
+
+def read_meta(folder: Path) -> dict:
+    return json.loads((Path(folder) / "meta.json").read_text(encoding="utf-8"))
+
+
+def check_model(meta: dict, model, folder: Path) -> None:
+    """A checkpoint of another model config is refused, naming the fields that differ."""
+    mine = model.model_dump()
+    differ = [f"{k} {meta['model'].get(k)!r} != {mine[k]!r}" for k in mine
+              if k not in ("fused_kernels", "attention", "dropout") and meta["model"].get(k) != mine[k]]
+    if differ:
+        raise ConfigError(f"checkpoint {folder} is of another model: " + ", ".join(differ))
+
+
+class Tensors:
+    """Whole tensors by name across a checkpoint's stage files (read lazily, no pickle)."""
+
+    def __init__(self, folder: Path):
+        self.files = [safe_open(str(f), framework="pt") for f in sorted(Path(folder).glob("stage-*.safetensors"))]
+        self.where = {k: f for f in self.files for k in f.keys()}
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        if key not in self.where:
+            raise ConfigError(f"checkpoint has no tensor {key}")
+        return self.where[key].get_tensor(key)
+
+
+def load(engine, folder: Path) -> dict:
+    """Load checkpoint `folder` into this rank's stage at whatever layout it runs; returns meta."""
+    meta = read_meta(folder)
+    check_model(meta, engine.model, folder)
+    tensors = Tensors(folder)
+    opt = _torch_optimizer(engine)
+    for group in opt.param_groups:  # Adam's state exists from the first step on: create it now
+        for p in group["params"]:
+            st = opt.state[p]
+            st["step"] = torch.tensor(float(meta["adam_step"]))
+            for key in KEYS[1:]:
+                st.setdefault(key, torch.zeros_like(p, memory_format=torch.preserve_format))
+    _link_moments(engine)
+    for name, module, attr, param in _params(engine):
+        for key in KEYS:
+            _set(engine, param, key, tp.local_part(module, attr, tensors[f"{key}/{name}"]))
+    rng = Path(folder) / f"rng-{engine.rank}.safetensors"
+    same_layout = meta["layout"] == {"tp": engine.par.tp, "pp": engine.par.pp, "dp": engine.par.dp}
+    if same_layout and rng.is_file():
+        with safe_open(str(rng), framework="pt") as f:
+            torch.set_rng_state(f.get_tensor("torch"))
+    return meta

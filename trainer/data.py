@@ -1,0 +1,42 @@
+"""What a step trains on: samples [consumed, consumed + global batch) of the blend, in blend order, each
+replica taking its contiguous share. The data position is the count of consumed samples, so a resumed
+run (at any layout) sees exactly the samples the uninterrupted run would have seen."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+
+
+class Samples(Protocol):
+    def __len__(self) -> int: ...
+    def __getitem__(self, k: int) -> np.ndarray: ...
+
+
+class MockSamples:
+    """Deterministic random tokens (Megatron's --mock-data): for smoke runs and benchmarks without a blend."""
+
+    def __init__(self, n: int, seq_len: int, vocab: int, seed: int = 0):
+        self.n, self.seq_len, self.vocab, self.seed = n, seq_len, vocab, seed
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, k: int) -> np.ndarray:
+        if not 0 <= k < self.n:
+            raise IndexError(k)
+        return np.random.default_rng((self.seed, k)).integers(0, self.vocab, self.seq_len + 1, dtype=np.int64)
+
+
+def open_blend(blend_dir: Path, datasets_dir: Path) -> Samples:
+    from tasks.tokenize.blend import BlendedSamples
+    return BlendedSamples(blend_dir, datasets_dir)
+
+
+def replica_batch(samples: Samples, start: int, rows: int, replica: int, replicas: int) -> torch.Tensor:
+    """This replica's share [rows / replicas, seq + 1] of the global batch starting at sample `start`."""
+    per = rows // replicas
+    first = start + replica * per
+    return torch.from_numpy(np.stack([samples[k] for k in range(first, first + per)]))

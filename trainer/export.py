@@ -1,0 +1,87 @@
+"""Export a checkpoint to Hugging Face format (GPT-2 architecture): config.json, model.safetensors and
+tokenizer.json, loadable by `transformers.GPT2LMHeadModel.from_pretrained` and so by
+lm-evaluation-harness, vLLM and the rest. The checkpoint is layout-independent, so any one exports.
+
+    python -m trainer.export <checkpoint folder> <out folder> [--tokenizer tokenizer.json]
+
+GPT-2 is the same network (pre-LayerNorm, learned positions, tanh GeLU = "gelu_new", tied head); two
+layouts differ: its Conv1D weights are [in, out] (ours [out, in], as nn.Linear) and its fused qkv is
+[q | k | v] across all heads where ours is head by head (so a tensor-parallel split keeps heads whole).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from trainer.checkpoint import Tensors, read_meta
+from trainer.config import ModelParams
+
+
+def hf_config(p: ModelParams) -> dict:
+    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": p.vocab_size,
+            "n_positions": p.seq_len, "n_embd": p.d_model, "n_layer": p.n_layer, "n_head": p.n_head,
+            "n_inner": 4 * p.d_model, "activation_function": "gelu_new", "layer_norm_epsilon": p.layernorm_eps,
+            "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "initializer_range": p.std,
+            "scale_attn_weights": True, "tie_word_embeddings": True, "use_cache": True,
+            "bos_token_id": 0, "eos_token_id": 0, "torch_dtype": "float32"}
+
+
+def _qkv_to_gpt2(t: torch.Tensor, p: ModelParams) -> torch.Tensor:
+    """Our [head][q|k|v][head_dim] output rows -> GPT-2's [q|k|v][head][head_dim]."""
+    hd = p.d_model // p.n_head
+    return t.reshape(p.n_head, 3, hd, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
+
+
+def gpt2_state(get, p: ModelParams) -> dict[str, torch.Tensor]:
+    """GPT-2 tensors from ours; `get(name)` returns our whole fp32 tensor by its plain-GPT name."""
+    out = {"transformer.wte.weight": get("wte.weight"), "transformer.wpe.weight": get("wpe.weight"),
+           "transformer.ln_f.weight": get("ln_f.weight"), "transformer.ln_f.bias": get("ln_f.bias")}
+    for i in range(p.n_layer):
+        ours, theirs = f"blocks.{i}.", f"transformer.h.{i}."
+        for a, b in (("ln1", "ln_1"), ("ln2", "ln_2")):
+            out[f"{theirs}{b}.weight"], out[f"{theirs}{b}.bias"] = get(f"{ours}{a}.weight"), get(f"{ours}{a}.bias")
+        out[f"{theirs}attn.c_attn.weight"] = _qkv_to_gpt2(get(f"{ours}attn.qkv.weight"), p).t()
+        out[f"{theirs}attn.c_attn.bias"] = _qkv_to_gpt2(get(f"{ours}attn.qkv.bias"), p)
+        for a, b in (("attn.proj", "attn.c_proj"), ("mlp.fc", "mlp.c_fc"), ("mlp.proj", "mlp.c_proj")):
+            out[f"{theirs}{b}.weight"] = get(f"{ours}{a}.weight").t()
+            out[f"{theirs}{b}.bias"] = get(f"{ours}{a}.bias")
+    return {k: v.float().contiguous() for k, v in out.items()}
+
+
+def export(checkpoint: Path, out: Path, tokenizer: Path | None = None) -> Path:
+    meta = read_meta(checkpoint)
+    p = ModelParams(**meta["model"])
+    tensors = Tensors(checkpoint)
+    state = gpt2_state(lambda name: tensors[f"param/{name}"], p)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(hf_config(p), indent=1), encoding="utf-8")
+    if tokenizer is not None:
+        shutil.copyfile(tokenizer, out / "tokenizer.json")
+    return out
+
+
+def main(argv: list[str]) -> int:
+    from tasks.core.errors import describe
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("checkpoint", type=Path)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--tokenizer", type=Path, default=None)
+    args = ap.parse_args(argv)
+    try:
+        print(export(args.checkpoint, args.out, args.tokenizer))
+    except Exception as e:  # noqa: BLE001
+        code, line = describe(e)
+        print(line, file=sys.stderr)
+        return code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

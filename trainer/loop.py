@@ -1,0 +1,106 @@
+"""A training run: the recipe's schedules over the data, periodic atomic checkpoints, resume from the
+latest one (at any layout), and per-step metrics (CSV for `dvc plots`, a progress bar on rank 0)."""
+from __future__ import annotations
+
+import csv
+import math
+import sys
+import time
+from pathlib import Path
+
+from tasks.core.errors import ConfigError, TrainingError
+from trainer import checkpoint, schedule
+from trainer.config import ModelParams, TrainParams
+from trainer.data import Samples, replica_batch
+
+FIELDS = ["step", "loss", "lr", "global_batch", "tokens", "tokens_per_s", "tflops_per_device", "mfu"]
+
+
+def model_flops(model: ModelParams, sequences: int) -> float:
+    """Megatron's count of a step's model FLOPs (forward + backward, no recomputation):
+    72 B s l h^2 (1 + s / 6h + V / 12 l h)."""
+    b, s, l, h, v = sequences, model.seq_len, model.n_layer, model.d_model, model.vocab_size
+    return 72.0 * b * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h))
+
+
+class MetricsLog:
+    """Rank 0's metrics.csv; on resume the rows after the checkpoint's step are dropped (they are redone)."""
+
+    def __init__(self, path: Path, resumed_step: int):
+        self.path = path
+        rows = []
+        if path.is_file() and resumed_step:
+            with path.open(newline="") as f:
+                rows = [r for r in csv.DictReader(f) if int(r["step"]) <= resumed_step]
+        with path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, FIELDS)
+            writer.writeheader()
+            writer.writerows(rows)
+
+    def add(self, row: dict) -> None:
+        with self.path.open("a", newline="") as f:
+            csv.DictWriter(f, FIELDS).writerow(row)
+
+
+def train(cfg: TrainParams, samples: Samples, out: Path, init_from: Path | None = None) -> dict:
+    """Train until schedule.train_tokens are consumed; every rank calls this under torchrun/deepspeed.
+    Resumes from the latest checkpoint in `out`, else from `init_from` (a checkpoint folder written at
+    any layout), else starts fresh."""
+    from trainer.engine import Engine
+    schedule.check(cfg.schedule, cfg.parallel)
+    engine = Engine.start(cfg.model, cfg.parallel, cfg.optim, cfg.seed)
+    out, seq = Path(out), cfg.model.seq_len
+    ckpt_dir = out / "checkpoints"
+    position = {"consumed_samples": 0, "consumed_tokens": 0, "adam_step": 0}
+    step = 0
+    found = checkpoint.latest(ckpt_dir) or init_from
+    if found is not None:
+        meta = checkpoint.load(engine, found)
+        step, position = meta["step"], {k: meta[k] for k in position}
+    leader = engine.rank == 0
+    log = MetricsLog(out / "metrics.csv", step) if leader else None
+    bar = _progress(cfg, position["consumed_tokens"]) if leader else None
+    world = cfg.parallel.world_size
+    try:
+        while position["consumed_tokens"] < cfg.schedule.train_tokens:
+            rows = schedule.global_batch(position["consumed_samples"], cfg.schedule, cfg.parallel, seq)
+            start = position["consumed_samples"]
+            if start + rows > len(samples):
+                raise ConfigError(f"the data has {len(samples)} samples but step {step + 1} needs samples up to "
+                                  f"{start + rows}: train_tokens {cfg.schedule.train_tokens} needs a larger blend")
+            lr = schedule.learning_rate(position["consumed_tokens"], cfg.schedule, cfg.optim)
+            engine.set_global_batch(rows)
+            engine.set_lr(lr)
+            t0 = time.perf_counter()
+            loss = engine.train_step(replica_batch(samples, start, rows, engine.coord.data, cfg.parallel.dp))
+            seconds = time.perf_counter() - t0
+            if not math.isfinite(loss):
+                raise TrainingError(f"loss is {loss} at step {step + 1} (no loss scaler to skip it in "
+                                    f"{cfg.optim.dtype}): stopping rather than training on garbage")
+            step += 1
+            position = {"consumed_samples": start + rows, "consumed_tokens": position["consumed_tokens"] + rows * seq,
+                        "adam_step": position["adam_step"] + 1}
+            if leader:
+                tflops = model_flops(engine.model, rows) / seconds / world / 1e12
+                log.add({"step": step, "loss": repr(loss), "lr": f"{lr:.6g}", "global_batch": rows,
+                         "tokens": position["consumed_tokens"], "tokens_per_s": f"{rows * seq / seconds:.1f}",
+                         "tflops_per_device": f"{tflops:.4f}",
+                         "mfu": f"{tflops / cfg.peak_tflops:.4f}" if cfg.peak_tflops else ""})
+                bar.update(rows * seq)
+                bar.set_postfix(step=step, loss=f"{loss:.4f}")
+            done = position["consumed_tokens"] >= cfg.schedule.train_tokens
+            if step % cfg.checkpoint_every == 0 or done:
+                checkpoint.save(engine, ckpt_dir, step, position)
+                if leader:
+                    checkpoint.prune(ckpt_dir, cfg.keep_checkpoints)
+    finally:
+        if bar is not None:
+            bar.close()
+    engine.close()
+    return {"step": step, **position}
+
+
+def _progress(cfg: TrainParams, done: int):
+    from tqdm import tqdm
+    return tqdm(total=cfg.schedule.train_tokens, initial=done, unit="tok", unit_scale=True, file=sys.stderr,
+                desc="train", dynamic_ncols=True)

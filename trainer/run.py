@@ -1,0 +1,99 @@
+"""One rank of a training run (launched by torchrun or the deepspeed launcher):
+
+    python -m torch.distributed.run --nproc-per-node 2 -m trainer.run run.json
+
+run.json is a RunSpec: the TrainParams, the output folder and the data (a finished blend, or mock
+samples). A failure prints one line (`<label>: cause`) and exits with the project's exit code.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from pydantic import Field
+
+from tasks.core.config import Strict
+from trainer.config import TrainParams
+
+
+class RunSpec(Strict):
+    train: TrainParams
+    out: str
+    blend_dir: str | None = None
+    datasets_dir: str | None = None
+    mock_samples: int = Field(0, ge=0, description="Train on this many mock samples instead of a blend.")
+    init_from: str | None = Field(None, description="A checkpoint folder (any layout) to start from when "
+                                                    "`out` has none of its own.")
+
+
+def samples_of(spec: RunSpec):
+    from trainer.data import MockSamples, open_blend
+    if spec.mock_samples:
+        m = spec.train.model
+        return MockSamples(spec.mock_samples, m.seq_len, m.vocab_size, spec.train.seed)
+    return open_blend(Path(spec.blend_dir), Path(spec.datasets_dir))
+
+
+def launch(spec: RunSpec, timeout: float = 1800) -> dict[int, float]:
+    """Run `spec` on its tp x pp x dp local ranks through torchrun; returns the loss of every step in
+    metrics.csv, or raises RuntimeError with the ranks' first error line."""
+    from trainer import launch as launcher
+    out = Path(spec.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "run.json").write_text(spec.model_dump_json())
+    launcher.run("trainer.run", out / "run.json", spec.train.parallel.world_size, out / "launch.log", timeout)
+    return losses(out)
+
+
+def launch_and_kill(spec: RunSpec, after_step: int, timeout: float = 900) -> int:
+    """Operator drill: start `spec`, kill -9 every rank once step `after_step` is logged; returns the
+    last step logged. Raises if the run finished before the kill landed (give it more steps)."""
+    import os
+    import signal
+    import time
+
+    from trainer import launch as launcher
+    out = Path(spec.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "run.json").write_text(spec.model_dump_json())
+    proc = launcher.start("trainer.run", out / "run.json", spec.train.parallel.world_size, out / "launch.log")
+    metrics, deadline = out / "metrics.csv", time.monotonic() + timeout
+    while not (metrics.is_file() and metrics.read_text().count("\n") > after_step):  # header + complete rows
+        if proc.poll() is not None:
+            raise RuntimeError(f"the run ended (exit {proc.returncode}) before step {after_step}")
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise TimeoutError(f"no step {after_step} within {timeout} s")
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    if (out / "result.json").is_file():
+        raise RuntimeError(f"the run finished before the kill after step {after_step} landed: give it more steps")
+    return max(losses(out))
+
+
+def losses(out: Path) -> dict[int, float]:
+    import csv
+    with (Path(out) / "metrics.csv").open(newline="") as f:
+        return {int(r["step"]): float(r["loss"]) for r in csv.DictReader(f)}
+
+
+def main(argv: list[str]) -> int:
+    from tasks.core.errors import describe
+    from trainer.loop import train
+    try:
+        spec = RunSpec.model_validate_json(Path(argv[0]).read_text())
+        result = train(spec.train, samples_of(spec), Path(spec.out), spec.init_from and Path(spec.init_from))
+    except Exception as e:  # noqa: BLE001 - one line and the exit code, as every entry point
+        code, line = describe(e)
+        print(line, file=sys.stderr, flush=True)
+        return code
+    if int(os.environ.get("RANK", "0")) == 0:
+        (Path(spec.out) / "result.json").write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

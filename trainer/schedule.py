@@ -1,0 +1,47 @@
+"""The recipe's schedules as functions of the data position, so a resumed run (or one at another
+layout) continues exactly: global batch from consumed samples (Megatron's --rampup-batch-size), learning
+rate from consumed tokens (linear warmup, then cosine to min_lr_ratio of the peak, then flat)."""
+from __future__ import annotations
+
+import math
+
+from tasks.core.errors import ConfigError
+from trainer.config import OptimParams, ParallelParams, ScheduleParams
+
+
+def check(s: ScheduleParams, par: ParallelParams) -> None:
+    """The ramp must move in whole micro-batch x dp steps, or some steps could not be split evenly."""
+    if not s.rampup_start:
+        return
+    unit = par.micro_batch * par.dp
+    for name, value in (("rampup_start", s.rampup_start), ("rampup_increment", s.rampup_increment)):
+        if value % unit:
+            raise ConfigError(f"schedule.{name} {value} is not a multiple of micro_batch x dp = {unit}")
+    if s.rampup_increment == 0 or s.rampup_start > par.global_batch:
+        raise ConfigError(f"schedule: a ramp needs rampup_increment > 0 and rampup_start <= global_batch "
+                          f"{par.global_batch}")
+    if (par.global_batch - s.rampup_start) % s.rampup_increment:
+        raise ConfigError(f"schedule: global_batch {par.global_batch} - rampup_start {s.rampup_start} is not "
+                          f"a multiple of rampup_increment {s.rampup_increment}")
+
+
+def global_batch(consumed_samples: int, s: ScheduleParams, par: ParallelParams, seq_len: int) -> int:
+    """Megatron's ramp: start at rampup_start and add rampup_increment every equal share of the ramp's
+    samples, reaching global_batch when rampup_tokens are consumed."""
+    if not s.rampup_start or s.rampup_start == par.global_batch:
+        return par.global_batch
+    increments = (par.global_batch - s.rampup_start) // s.rampup_increment
+    per_increment = s.rampup_tokens / seq_len / increments
+    done = int(consumed_samples / per_increment) if per_increment > 0 else increments
+    return min(par.global_batch, s.rampup_start + done * s.rampup_increment)
+
+
+def learning_rate(consumed_tokens: int, s: ScheduleParams, opt: OptimParams) -> float:
+    if s.warmup_tokens and consumed_tokens < s.warmup_tokens:
+        return opt.lr * consumed_tokens / s.warmup_tokens
+    end = s.decay_tokens or s.train_tokens
+    if end <= s.warmup_tokens:
+        return opt.lr
+    progress = min(1.0, (consumed_tokens - s.warmup_tokens) / (end - s.warmup_tokens))
+    low = opt.lr * s.min_lr_ratio
+    return low + (opt.lr - low) * 0.5 * (1.0 + math.cos(math.pi * progress))
