@@ -53,6 +53,21 @@ def shares_png(title: str, rows: dict[str, dict]) -> bytes:
     return buf.getvalue()
 
 
+def curve_png(title: str, points: list[list[float]], ylabel: str) -> bytes:
+    """A line chart of (x, y) points (the training loss per step)."""
+    fig, ax = plt.subplots(figsize=(6.4, 3.2), dpi=90)
+    ax.plot([x for x, _ in points], [y for _, y in points], color="#3b82f6", linewidth=1.2)
+    ax.set_title(title, fontsize=11)
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    plt.close(fig)
+    return buf.getvalue()
+
+
 def stage_plots(stats: dict) -> list[tuple[str, bytes]]:
     """The charts a stage's stats.json supports: kept vs dropped by reason, languages, per-task
     matches, the sample's kinds of page."""
@@ -70,6 +85,8 @@ def stage_plots(stats: dict) -> list[tuple[str, bytes]]:
         out.append(("Blend: target vs realised share", shares_png("blend: target vs realised share", stats["blend"])))
         epochs = {name: row["epochs"] for name, row in stats["blend"].items()}
         out.append(("Epochs per dataset", bar_png("epochs per dataset", epochs, "epochs")))
+    if stats.get("loss_curve"):
+        out.append(("Training loss", curve_png("train: loss per step", stats["loss_curve"], "loss")))
     if isinstance(stats.get("kinds"), dict):
         out.append(("Sample pages by kind", bar_png("sample: pages by kind", stats["kinds"], "pages")))
     return out

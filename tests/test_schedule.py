@@ -49,3 +49,11 @@ def test_a_ramp_that_cannot_be_split_is_refused(ramp, message):
 
 def test_the_mtnlg_ramp_is_accepted():
     schedule.check(MTNLG, PAR)
+
+
+def test_whole_batches_stop_before_a_partial_one():
+    par = ParallelParams(micro_batch=2, global_batch=8)
+    assert schedule.whole_batches(1562, ScheduleParams(), par, 128) == 1560
+    ramp = ScheduleParams(rampup_start=2, rampup_increment=2, rampup_tokens=8 * 16)  # 8 samples of 16 tokens
+    # +2 every 8/3 samples consumed: batches 2, 2, 4, 8, 8 = 24; the next 8 would pass 30
+    assert schedule.whole_batches(30, ramp, par, 16) == 24

@@ -7,19 +7,23 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from tasks.core.config import Strict
 from tasks.core.errors import ConfigError
-from trainer.tensor_parallel import padded_vocab
+from tasks.core.strict import Strict
 
 
-class ModelParams(Strict):
-    """A GPT decoder as MT-NLG and GPT-3: pre-LayerNorm, learned positions, GeLU (tanh), tied embeddings."""
+def padded_vocab(vocab: int, tp: int, multiple: int = 128) -> int:
+    """Megatron pads the vocabulary to a multiple of 128 x tp, so every rank holds an equal, aligned slice."""
+    step = multiple * tp
+    return -(-vocab // step) * step
+
+
+class ArchParams(Strict):
+    """The network's shape, as the train stage's params.yaml section gives it (the context length and
+    the vocabulary come from the blend and its tokenizer, so they are stated once, in `tokenize`)."""
 
     n_layer: int = Field(24, ge=1, description="Transformer blocks.")
     n_head: int = Field(16, ge=1, description="Attention heads.")
     d_model: int = Field(1024, ge=1, description="Hidden size.")
-    vocab_size: int = Field(50304, ge=2, description="Vocabulary (padded to a multiple of 128, as Megatron).")
-    seq_len: int = Field(2048, ge=1, description="Context length (learned position embeddings).")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on embeddings, attention output and MLP output.")
     init_std: float | None = Field(None, gt=0.0, description="Weight init std; None: sqrt(1/(3*d_model)) as MT-NLG.")
     layernorm_eps: float = Field(1e-5, gt=0.0)
@@ -33,6 +37,13 @@ class ModelParams(Strict):
         if self.d_model % self.n_head:
             raise ValueError(f"n_head {self.n_head} does not divide d_model {self.d_model}")
         return self
+
+
+class ModelParams(ArchParams):
+    """A GPT decoder as MT-NLG and GPT-3: pre-LayerNorm, learned positions, GeLU (tanh), tied embeddings."""
+
+    vocab_size: int = Field(50304, ge=2, description="Vocabulary (padded to a multiple of 128, as Megatron).")
+    seq_len: int = Field(2048, ge=1, description="Context length (learned position embeddings).")
 
     @property
     def std(self) -> float:
@@ -100,7 +111,8 @@ class ScheduleParams(Strict):
     """Tokens to train, the learning-rate schedule and the batch-size ramp, in tokens as MT-NLG states
     them (270B tokens, 1B of warmup, batch 32 -> 1920 in steps of 32 over the first 12B)."""
 
-    train_tokens: int = Field(ge=1, description="Training stops once this many tokens are consumed.")
+    train_tokens: int = Field(0, ge=0, description="Training stops once this many tokens are consumed "
+                                                   "(0: every sample of the data once).")
     warmup_tokens: int = Field(0, ge=0, description="Linear LR warmup from 0 to the peak over these tokens.")
     decay_tokens: int | None = Field(None, ge=1, description="Cosine decay ends here (None: train_tokens).")
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="Cosine decays to this fraction of the peak.")
@@ -115,9 +127,24 @@ class TrainParams(Strict):
     model: ModelParams = ModelParams()
     parallel: ParallelParams = ParallelParams()
     optim: OptimParams = OptimParams()
-    schedule: ScheduleParams = ScheduleParams(train_tokens=1)
+    schedule: ScheduleParams = ScheduleParams()
     seed: int = Field(1234, description="Initialisation seed (the same model at every layout).")
     checkpoint_every: int = Field(100, ge=1, description="Steps between checkpoints (and one at the end).")
     keep_checkpoints: int = Field(2, ge=1, description="Most recent checkpoints kept on disk.")
     peak_tflops: float | None = Field(None, gt=0.0, description="Per-device dense peak for MFU (H100/H200 "
                                                                 "SXM bf16: 989); None: MFU not reported.")
+
+
+class TrainStageParams(TrainParams):
+    """params.yaml `train`: a run on the `tokenize` stage's blend. `model` is the shape only: its
+    context length is the blend's seq_length and its vocabulary the tokenizer's (padded as Megatron)."""
+
+    input_stage: Literal["tokenize"] = Field("tokenize", description="Stage whose blend is trained on.")
+    model: ArchParams = ArchParams(n_layer=2, n_head=4, d_model=64)
+    parallel: ParallelParams = ParallelParams(pp=2, micro_batch=4, global_batch=8)
+
+    def for_data(self, seq_len: int, vocab_size: int) -> TrainParams:
+        """The trainer's parameters once the blend's context length and vocabulary are known."""
+        fields = {k: getattr(self, k) for k in TrainParams.model_fields}
+        fields["model"] = ModelParams(**self.model.model_dump(), seq_len=seq_len, vocab_size=vocab_size)
+        return TrainParams(**fields)

@@ -71,6 +71,10 @@ class Engine:
         if int(os.environ.get("RANK", "0")) == 0:
             for note in notes:
                 print(f"note: {note}", file=sys.stderr)
+        import warnings
+        # DeepSpeed's pipeline sends activations with in-place broadcasts that torch warns about on
+        # every backward; its gradients are passed explicitly, so the warning says nothing here
+        warnings.filterwarnings("ignore", message="c10d::broadcast_: an autograd kernel was not registered")
         import deepspeed
         from trainer.pipeline import build_pipeline
         deepspeed.init_distributed(verbose=False)

@@ -9,6 +9,12 @@ import sys
 from pathlib import Path
 
 
+class LaunchFailed(RuntimeError):
+    def __init__(self, code: int, line: str):
+        self.code, self.line = code, line
+        super().__init__(f"torchrun exited {code}: {line}")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -46,12 +52,33 @@ def first_error(log: Path) -> str:
     return errors[0].strip() if errors else f"see {log}"
 
 
-def run(module: str, config: Path, ranks: int, log: Path, timeout: float = 1800) -> None:
-    proc = start(module, config, ranks, log)
-    try:
-        code = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        raise
+def run(module: str, config: Path, ranks: int, log: Path, timeout: float = 1800, echo=None) -> None:
+    """Run to the end; the ranks' output goes to `log` and, as it comes, to `echo` (a binary stream,
+    e.g. sys.stderr.buffer: the progress bar and any rank's error on the console)."""
+    if echo is None:
+        proc = start(module, config, ranks, log)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            raise
+    else:
+        code = _run_echoing(module, config, ranks, log, echo)
     if code:
-        raise RuntimeError(f"torchrun exited {code}: {first_error(log)}")
+        raise LaunchFailed(code, first_error(log))
+
+
+def _run_echoing(module: str, config: Path, ranks: int, log: Path, echo) -> int:
+    proc = subprocess.Popen(command(module, config, ranks), env=environment(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        with open(log, "ab") as out:
+            while chunk := os.read(proc.stdout.fileno(), 65536):
+                out.write(chunk)
+                echo.write(chunk)
+                echo.flush()
+        return proc.wait()
+    finally:
+        if proc.poll() is None:  # the caller was interrupted: take the ranks down with it
+            os.killpg(proc.pid, 9)
+            proc.wait()

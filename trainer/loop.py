@@ -47,9 +47,12 @@ def train(cfg: TrainParams, samples: Samples, out: Path, init_from: Path | None 
     Resumes from the latest checkpoint in `out`, else from `init_from` (a checkpoint folder written at
     any layout), else starts fresh."""
     from trainer.engine import Engine
+    out, seq = Path(out), cfg.model.seq_len
+    if not cfg.schedule.train_tokens:  # 0: every sample once (as many whole batches as there are)
+        tokens = schedule.whole_batches(len(samples), cfg.schedule, cfg.parallel, seq) * seq
+        cfg = cfg.model_copy(update={"schedule": cfg.schedule.model_copy(update={"train_tokens": tokens})})
     schedule.check(cfg.schedule, cfg.parallel)
     engine = Engine.start(cfg.model, cfg.parallel, cfg.optim, cfg.seed)
-    out, seq = Path(out), cfg.model.seq_len
     ckpt_dir = out / "checkpoints"
     position = {"consumed_samples": 0, "consumed_tokens": 0, "adam_step": 0}
     step = 0
@@ -87,7 +90,7 @@ def train(cfg: TrainParams, samples: Samples, out: Path, init_from: Path | None 
                          "tflops_per_device": f"{tflops:.4f}",
                          "mfu": f"{tflops / cfg.peak_tflops:.4f}" if cfg.peak_tflops else ""})
                 bar.update(rows * seq)
-                bar.set_postfix(step=step, loss=f"{loss:.4f}")
+                bar.set_postfix(step=step, loss=f"{loss:.4f}", refresh=False)
             done = position["consumed_tokens"] >= cfg.schedule.train_tokens
             if step % cfg.checkpoint_every == 0 or done:
                 checkpoint.save(engine, ckpt_dir, step, position)
@@ -103,4 +106,4 @@ def train(cfg: TrainParams, samples: Samples, out: Path, init_from: Path | None 
 def _progress(cfg: TrainParams, done: int):
     from tqdm import tqdm
     return tqdm(total=cfg.schedule.train_tokens, initial=done, unit="tok", unit_scale=True, file=sys.stderr,
-                desc="train", dynamic_ncols=True)
+                desc="train", dynamic_ncols=True, mininterval=1.0)

@@ -36,6 +36,14 @@ def global_batch(consumed_samples: int, s: ScheduleParams, par: ParallelParams, 
     return min(par.global_batch, s.rampup_start + done * s.rampup_increment)
 
 
+def whole_batches(samples: int, s: ScheduleParams, par: ParallelParams, seq_len: int) -> int:
+    """How many of `samples` the steps consume when every step's batch must be whole (ramp included)."""
+    consumed = 0
+    while consumed + (rows := global_batch(consumed, s, par, seq_len)) <= samples:
+        consumed += rows
+    return consumed
+
+
 def learning_rate(consumed_tokens: int, s: ScheduleParams, opt: OptimParams) -> float:
     if s.warmup_tokens and consumed_tokens < s.warmup_tokens:
         return opt.lr * consumed_tokens / s.warmup_tokens

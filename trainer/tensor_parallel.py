@@ -16,18 +16,14 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from trainer.config import padded_vocab  # noqa: F401  (re-exported)
+
 
 def world(group) -> tuple[int, int]:
     """(rank, size) in the tensor-parallel group; (0, 1) without one."""
     if group is None:
         return 0, 1
     return dist.get_rank(group), dist.get_world_size(group)
-
-
-def padded_vocab(vocab: int, tp: int, multiple: int = 128) -> int:
-    """Megatron pads the vocabulary to a multiple of 128 x tp, so every rank holds an equal, aligned slice."""
-    step = multiple * tp
-    return -(-vocab // step) * step
 
 
 class _CopyToRegion(torch.autograd.Function):

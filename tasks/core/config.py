@@ -10,15 +10,13 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from tasks.core.errors import ConfigError
+from tasks.core.strict import Strict  # noqa: F401  (re-exported: every section derives from it)
+from trainer.config import TrainStageParams
 
 
-class Strict(BaseModel):
-    # strict: "600" is not an int and `true` is not a number; YAML gives real types, so a quoted
-    # number in params.yaml is a mistake worth a message, not a silent coercion.
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class PathsParams(Strict):
@@ -168,6 +166,7 @@ class PipelineParams(Strict):
     extract: ExtractParams = ExtractParams()
     decontaminate: DecontamParams = DecontamParams()
     tokenize: TokenizeParams = TokenizeParams()
+    train: TrainStageParams = TrainStageParams()
 
     @field_validator("runner")
     @classmethod

@@ -80,6 +80,21 @@ def describe(e: BaseException) -> tuple[int, str]:
     return 1, f"error: {type(e).__name__}: {_first_line(str(e)) or 'no message'}"
 
 
+def from_line(line: str, suffix: str = "") -> PipelineError:
+    """The error a one-line message made by `describe` in another process stands for (a rank of a
+    training run), so the stage fails with the same label and exit code; unknown lines: TrainingError."""
+    todo, classes = [PipelineError], []
+    while todo:
+        classes.append(cls := todo.pop())
+        todo += cls.__subclasses__()
+    for cls in classes:
+        if cls is not PipelineError and line.startswith(cls.label + ": "):
+            err = cls.__new__(cls)
+            Exception.__init__(err, line[len(cls.label) + 2:] + suffix)
+            return err
+    return TrainingError(line + suffix)
+
+
 def exit_code_of(line: str) -> int:
     """The exit code a line made by `describe` stands for (Prefect states carry only the line)."""
     for cls in (ConfigError, InputFileError, ExpectationFailed, UnfinishedInput):

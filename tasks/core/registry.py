@@ -8,8 +8,9 @@ from tasks.download.stage import STAGE as download
 from tasks.extract.stage import STAGE as extract
 from tasks.sample.stage import STAGE as sample
 from tasks.tokenize.stage import STAGE as tokenize
+from tasks.train.stage import STAGE as train
 
-STAGES: tuple[Stage, ...] = (sample, download, extract, decontaminate, tokenize)
+STAGES: tuple[Stage, ...] = (sample, download, extract, decontaminate, tokenize, train)
 PIPELINE: tuple[str, ...] = tuple(s.name for s in STAGES)
 _BY_NAME = {s.name: s for s in STAGES}
 
