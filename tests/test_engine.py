@@ -78,8 +78,40 @@ def test_engine_losses_match_the_plain_loop(tp, pp, dp, reference, tmp_path):
     assert reference[-1] < reference[0], "the loss moves: the steps are real updates"
 
 
+def test_activation_checkpointing_gives_the_same_losses(reference, tmp_path):
+    run = RUN.model_copy(update={"parallel": RUN.parallel.model_copy(update={"pp": 2, "recompute": True})})
+    assert max_rel_diff(launch(run, tmp_path)["losses"], reference) < 1e-6
+
+
 def test_bf16_engine_stays_close_to_the_fp32_loop(reference, tmp_path):
     """bf16 weights and activations with fp32 master weights (DeepSpeed bf16 + ZeRO-1), tp 2 x pp 2."""
     run = RUN.model_copy(update={"parallel": RUN.parallel.model_copy(update={"tp": 2, "pp": 2}),
                                  "optim": RUN.optim.model_copy(update={"dtype": "bf16"})})
     assert max_rel_diff(launch(run, tmp_path)["losses"], reference) < 1e-2
+
+
+def _count_block_forwards(rank: int, port: int, queue) -> None:
+    import os
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",
+                      DS_ACCELERATOR="cpu")
+    from trainer.engine import Engine
+    from trainer.model import Block
+    from trainer.parity import batches
+    counts = {}
+    for recompute in (False, True):
+        par = RUN.parallel.model_copy(update={"recompute": recompute})
+        engine = Engine.start(TINY, par, RUN.optim)
+        calls = []
+        for m in engine.ds.module.modules():
+            if isinstance(m, Block):
+                m.register_forward_hook(lambda *a: calls.append(1))
+        engine.train_step(batches(RUN)[0])
+        counts[recompute] = len(calls)
+    queue.put((rank, counts))
+
+
+def test_activation_checkpointing_recomputes_every_block():
+    from tests.ranks import run_ranks
+    counts = run_ranks(_count_block_forwards, world_size=1)[0]
+    micro = RUN.parallel.global_batch // RUN.parallel.micro_batch
+    assert counts == {False: TINY.n_layer * micro, True: 2 * TINY.n_layer * micro}

@@ -62,6 +62,8 @@ class ParallelParams(Strict):
                                                      "(DeepSpeed pipelines allow 0 or 1).")
     partition: Literal["parameters", "uniform"] = Field(
         "parameters", description="How layers are split into stages: evenly by parameter count, or by layer count.")
+    recompute: bool = Field(False, description="Activation checkpointing: keep each layer's input only and "
+                                               "recompute the layer in backward (DeepSpeed's, every layer).")
 
     @property
     def world_size(self) -> int:
@@ -82,8 +84,9 @@ class OptimParams(Strict):
     eps: float = Field(1e-8, gt=0.0)
     weight_decay: float = Field(0.1, ge=0.0)
     grad_clip: float = Field(1.0, ge=0.0, description="Global gradient-norm clip (0: off).")
-    dtype: Literal["fp32", "bf16"] = Field("fp32", description="bf16: bf16 weights and activations, fp32 master "
-                                                              "weights and optimizer state (DeepSpeed bf16).")
+    dtype: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32", description="bf16/fp16: half-precision weights and activations, fp32 master weights and optimizer "
+                            "state; fp16 with dynamic loss scaling (an overflowing step is skipped).")
 
 
 def plan(model: ModelParams, par: ParallelParams, world_size: int) -> tuple[ModelParams, list[str]]:

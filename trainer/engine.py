@@ -46,6 +46,9 @@ def deepspeed_config(par: ParallelParams, opt: OptimParams) -> dict:
         "gradient_clipping": opt.grad_clip,  # DeepSpeed's default is 1.0 whatever the recipe says
         "zero_optimization": {"stage": zero_stage(par)},
         "bf16": {"enabled": opt.dtype == "bf16"},
+        # dynamic loss scaling from 2^16, halved on overflow (the step skipped), doubled after 1000 clean steps
+        "fp16": {"enabled": opt.dtype == "fp16", "loss_scale": 0, "initial_scale_power": 16,
+                 "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1},
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
     }

@@ -77,9 +77,11 @@ def train(cfg: TrainParams, samples: Samples, out: Path, init_from: Path | None 
             t0 = time.perf_counter()
             loss = engine.train_step(replica_batch(samples, start, rows, engine.coord.data, cfg.parallel.dp))
             seconds = time.perf_counter() - t0
-            if not math.isfinite(loss):
+            if not math.isfinite(loss) and cfg.optim.dtype != "fp16":
                 raise TrainingError(f"loss is {loss} at step {step + 1} (no loss scaler to skip it in "
                                     f"{cfg.optim.dtype}): stopping rather than training on garbage")
+            # fp16: DeepSpeed's dynamic loss scaler has skipped this step's update and lowered the scale;
+            # the data position moves on (as Megatron), and the row records the non-finite loss
             step += 1
             position = {"consumed_samples": start + rows, "consumed_tokens": position["consumed_tokens"] + rows * seq,
                         "adam_step": position["adam_step"] + 1}

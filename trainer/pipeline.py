@@ -60,7 +60,8 @@ def build_pipeline(p: ModelParams, par: ParallelParams, group=None, seed: int = 
     """This rank's stage of the pipeline, initialised exactly as GPT(p, seed=seed) would be."""
     from deepspeed.pipe import PipelineModule
     pipe = PipelineModule(layers=layer_specs(p, group), topology=process_topology(par),
-                          partition_method=par.partition)
+                          partition_method=par.partition, activation_checkpoint_interval=int(par.recompute),
+                          checkpointable_layers=["Block"])  # not the embeddings: their input is tokens
     init_parameters(plain_modules(pipe, p.n_layer), p, seed)
     if TIED in pipe.tied_modules:  # the loss is computed on the last stage, which holds the head
         pipe.loss_fn = pipe.tied_modules[TIED].lm_loss
