@@ -2,6 +2,7 @@
 a kill -9 mid-run resumes to the same losses bit for bit, and bad inputs stop with one line."""
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,22 @@ def test_export_to_hugging_face_gives_the_same_logits(uninterrupted, tmp_path):
     tokens = torch.randint(0, MODEL.vocab_size, (3, MODEL.seq_len), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert (ours(tokens) - theirs(tokens).logits).abs().max() <= 1e-4
+
+
+def test_batch_ramp_changes_micro_batches_and_resumes_mid_ramp(tmp_path):
+    """Megatron's ramp (4 -> 8 by 2 over the first 24 samples) through DeepSpeed's micro-batch count;
+    a resume in the middle of the ramp continues with the same batch sizes and losses."""
+    ramp = {"rampup_start": 4, "rampup_increment": 2, "rampup_tokens": 24 * MODEL.seq_len,
+            "train_tokens": 60 * MODEL.seq_len, "warmup_tokens": 0}
+    s = spec(tmp_path / "ramp")
+    s = s.model_copy(update={"train": s.train.model_copy(update={
+        "schedule": s.train.schedule.model_copy(update=ramp), "keep_checkpoints": 10})})
+    full = train(s)
+    with (tmp_path / "ramp/metrics.csv").open(newline="") as f:
+        batches = [int(r["global_batch"]) for r in csv.DictReader(f)]
+    assert batches[:3] == [4, 4, 4] and batches[-1] == 8 and 6 in batches
+    assert batches == sorted(batches) and sum(batches) >= 60
+    mid = 4
+    assert batches[mid] < 8, "step 5, the first after the resume point, is inside the ramp"
+    resumed = resume_from(tmp_path / "ramp", mid, s.model_copy(update={"out": str(tmp_path / "resumed")}))
+    assert resumed == {k: v for k, v in full.items() if k > mid}
