@@ -69,7 +69,7 @@ def export_diff(folder: Path, tmp: Path) -> float:
     from trainer.export import export
     from trainer.model import GPT
     out = export(folder, tmp / "hf")
-    ours = GPT(MODEL)
+    ours = GPT(ModelParams(**checkpoint.read_meta(folder)["model"]))  # as trained: the vocabulary padded
     tensors = checkpoint.Tensors(folder)
     ours.load_state_dict({k: tensors[f"param/{k}"] for k in ours.state_dict()})
     theirs = GPT2LMHeadModel.from_pretrained(out).eval()

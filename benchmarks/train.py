@@ -5,7 +5,8 @@
 (a) parity: a tiny GPT trained `--steps` optimizer steps at (tp, pp, dp) = (2, 2, 2) on 8 local gloo
     ranks (torchrun) and in the single-process plain PyTorch loop, same seed, data and recipe
     (AdamW, clipping on); parity_max_rel_diff is the largest relative loss difference over the steps.
-(b) speed: tokens/s of the engine at tp = pp = dp = 1 (DeepSpeed pipeline engine, 1F1B, ZeRO-1) and
+(b) speed: tokens/s of the engine at tp = pp = dp = 1 (DeepSpeed pipeline engine, 1F1B; ZeRO stage 0, as
+    the engine runs a single fp32 replica) and
     of the plain loop on the same model and batch, in one process, one thread, interleaved repeats;
     cpu_speed_ratio_vs_plain = median engine tokens/s / median plain tokens/s.
 The last line is `parity_max_rel_diff=<d> cpu_speed_ratio_vs_plain=<r>`.

@@ -13,7 +13,7 @@ from trainer.config import ModelParams, OptimParams, ParallelParams, plan
 from trainer.parity import ParityRun, launch, main, max_rel_diff, plain_losses
 from trainer.topology import Coord, coord, rank_of
 
-TINY = ModelParams(n_layer=4, n_head=4, d_model=32, vocab_size=256, seq_len=16, fused_kernels=False)
+TINY = ModelParams(n_layer=4, n_head=4, d_model=32, vocab_size=1024, seq_len=16, fused_kernels=False)
 RUN = ParityRun(model=TINY, parallel=ParallelParams(micro_batch=2, global_batch=8),
                 optim=OptimParams(lr=3e-3, grad_clip=0.5), steps=10)
 
@@ -32,9 +32,10 @@ def test_bad_layouts_are_refused_with_one_line(par, world, message):
 
 def test_vocab_is_padded_for_tensor_parallelism_and_says_so():
     model, notes = plan(TINY.model_copy(update={"vocab_size": 250}), ParallelParams(tp=2, pp=1), 2)
-    assert model.vocab_size == 256 and "vocab_size 250 padded to 256" in notes[0]
-    model, notes = plan(TINY, ParallelParams(tp=2), 2)  # already a multiple of 128 x 2
-    assert model.vocab_size == 256 and notes == []
+    assert model.vocab_size == 1024 and "vocab_size 250 padded to 1024" in notes[0]
+    model, notes = plan(TINY, ParallelParams(tp=2), 2)  # already padded
+    assert model.vocab_size == 1024 and notes == []
+    assert plan(TINY, ParallelParams(tp=4), 4)[0] == plan(TINY, ParallelParams(), 1)[0], "one size for tp 1..8"
 
 
 def test_a_bad_layout_fails_before_any_process_group(tmp_path, monkeypatch, capsys):

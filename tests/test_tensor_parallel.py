@@ -93,7 +93,7 @@ def test_single_rank_layers_are_plain_layers_and_bad_splits_are_refused():
     x = torch.randn(2, 4)
     torch.testing.assert_close(col(x), F.linear(x, w, b))
     torch.testing.assert_close(row(col(x)), F.linear(F.linear(x, w, b), w.t(), b[:4]))
-    assert tp.padded_vocab(50257, 1) == 50304 and tp.padded_vocab(50257, 8) == 51200
+    assert tp.padded_vocab(50257, 1) == tp.padded_vocab(50257, 8) == 51200 and tp.padded_vocab(50257, 3) == 52224
     with pytest.raises(ValueError, match="output features 6 is not divisible by the tensor-parallel size 4"):
         tp._split(6, 4, "output features")
 

@@ -3,6 +3,7 @@ a kill -9 mid-run resumes to the same losses bit for bit, and bad inputs stop wi
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from trainer.config import ModelParams, OptimParams, ParallelParams, SchedulePar
 from trainer.run import RunSpec, launch_and_kill, losses
 from trainer.run import launch as launch_run
 
-MODEL = ModelParams(n_layer=4, n_head=4, d_model=32, vocab_size=256, seq_len=16, fused_kernels=False)
+MODEL = ModelParams(n_layer=4, n_head=4, d_model=32, vocab_size=1024, seq_len=16, fused_kernels=False)
 STEPS, BATCH = 8, 8
 
 
@@ -93,11 +94,14 @@ def test_export_to_hugging_face_gives_the_same_logits(uninterrupted, tmp_path):
     from trainer.export import export
     from trainer.model import GPT
     folder = checkpoint.latest(uninterrupted / "checkpoints")
-    tokenizer = tmp_path / "tok.json"
-    tokenizer.write_text("{}")
+    from tasks.tokenize import tokenizer as tokenizers
+    tokenizer = tmp_path / "tokenizer.json"
+    tokenizers.train(iter([["a few words to learn a byte-level tokenizer from"]]), 300).save(str(tokenizer))
     out = export(folder, tmp_path / "hf", tokenizer)
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
-    ours = GPT(MODEL)
+    config = json.loads((out / "config.json").read_text())
+    assert config["eos_token_id"] == tokenizers.eod_id(tokenizers.load(tokenizer))
+    ours = GPT(ModelParams(**checkpoint.read_meta(folder)["model"]))
     tensors = Tensors(folder)
     ours.load_state_dict({k: tensors[f"param/{k}"] for k in ours.state_dict()})
     theirs = GPT2LMHeadModel.from_pretrained(out).eval()

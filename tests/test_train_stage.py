@@ -36,7 +36,7 @@ def test_train_stage_trains_checkpoints_exports_and_validates(blended):
     blend = json.loads((blended / "data/tokenize/blend/blend.json").read_text())
     assert stats["steps"] == blend["samples"] // 4 and stats["tokens"] == stats["steps"] * 4 * 16
     assert stats["layout"] == {"tp": 1, "pp": 2, "dp": 1}
-    assert stats["model"]["seq_len"] == 16 and stats["model"]["vocab_size"] == 384  # 300 -> multiple of 128
+    assert stats["model"]["seq_len"] == 16 and stats["model"]["vocab_size"] == 1024  # 300, padded
     assert stats["final_loss"] < stats["first_loss"]
     with (model / "metrics.csv").open(newline="") as f:
         rows = list(csv.DictReader(f))

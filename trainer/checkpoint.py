@@ -84,6 +84,31 @@ def _whole(module, attr: str, local: torch.Tensor, group) -> torch.Tensor:
     return torch.cat(parts, dim=dim)
 
 
+def _adam_step(engine) -> int:
+    """Adam's step count as the optimizer holds it (under fp16 a skipped step does not count)."""
+    steps = [float(st["step"]) for st in _torch_optimizer(engine).state.values() if "step" in st]
+    return int(max(steps, default=0))
+
+
+def _rng_state() -> dict[str, torch.Tensor]:
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _durable(folder: Path) -> None:
+    """fsync every file and the folder itself, so the rename that publishes it survives a node crash."""
+    for f in folder.iterdir():
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def save(engine, directory: Path, step: int, state: dict) -> Path:
     """Write checkpoint `step` (every rank calls this); `state` is the run's position (JSON-able)."""
     directory = Path(directory)
@@ -93,21 +118,25 @@ def save(engine, directory: Path, step: int, state: dict) -> Path:
         partial.mkdir(parents=True)
     dist.barrier()
     group = engine.tensor_group
+    writer = engine.coord.data == 0 and engine.coord.model == 0
     _link_moments(engine)
     tensors = {}
     for name, module, attr, param in _params(engine):
-        for key in KEYS:
+        for key in KEYS:  # every rank joins the gathers; only the stage's writer keeps the result
             whole = _whole(module, attr, _get(engine, param, key), group)
-            if not getattr(param, "ds_pipe_replicated", False):  # the tied copy is written by the first stage
+            if writer and not getattr(param, "ds_pipe_replicated", False):  # the tied copy: the first stage writes it
                 tensors[f"{key}/{name}"] = whole.cpu().contiguous()
-    if engine.coord.data == 0 and engine.coord.model == 0:
+    if writer:
         save_file(tensors, str(partial / f"stage-{engine.coord.pipe}.safetensors"))
-    save_file({"torch": torch.get_rng_state()}, str(partial / f"rng-{engine.rank}.safetensors"))
+    del tensors
+    save_file(_rng_state(), str(partial / f"rng-{engine.rank}.safetensors"))
+    adam_step = _adam_step(engine)
     dist.barrier()
     if engine.rank == 0:
-        meta = {"format": 1, "step": step, **state, "model": engine.model.model_dump(),
+        meta = {"format": 1, "step": step, **state, "adam_step": adam_step, "model": engine.model.model_dump(),
                 "layout": {"tp": engine.par.tp, "pp": engine.par.pp, "dp": engine.par.dp}}
         (partial / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
+        _durable(partial)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(partial, final)
         pointer = directory / f"{LATEST}.tmp"
@@ -118,8 +147,13 @@ def save(engine, directory: Path, step: int, state: dict) -> Path:
 
 
 def prune(directory: Path, keep: int) -> None:
-    """Remove all but the newest `keep` complete checkpoints (rank 0 only)."""
-    done = sorted(p for p in Path(directory).glob("step-*") if p.is_dir() and not p.name.endswith(".partial"))
+    """Remove all but the newest `keep` complete checkpoints up to the one `latest` names (rank 0
+    only); a folder past it (a save killed between its rename and the pointer) is left alone."""
+    current = latest(directory)
+    if current is None:
+        return
+    done = sorted(p for p in Path(directory).glob("step-*")
+                  if p.is_dir() and not p.name.endswith(".partial") and p.name <= current.name)
     for old in done[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -154,6 +188,15 @@ class Tensors:
             raise ConfigError(f"checkpoint has no tensor {key}")
         return self.where[key].get_tensor(key)
 
+    def local(self, key: str, module, attr: str) -> torch.Tensor:
+        """This rank's part only, read as a slice (a rank never holds a whole sharded tensor)."""
+        if key not in self.where:
+            raise ConfigError(f"checkpoint has no tensor {key}")
+        view = self.where[key].get_slice(key)
+        dim, start, stop = tp.local_range(module, attr, view.get_shape())
+        index = tuple(slice(start, stop) if d == dim else slice(None) for d in range(len(view.get_shape())))
+        return view[index]
+
 
 def load(engine, folder: Path) -> dict:
     """Load checkpoint `folder` into this rank's stage at whatever layout it runs; returns meta."""
@@ -170,10 +213,12 @@ def load(engine, folder: Path) -> dict:
     _link_moments(engine)
     for name, module, attr, param in _params(engine):
         for key in KEYS:
-            _set(engine, param, key, tp.local_part(module, attr, tensors[f"{key}/{name}"]))
+            _set(engine, param, key, tensors.local(f"{key}/{name}", module, attr))
     rng = Path(folder) / f"rng-{engine.rank}.safetensors"
     same_layout = meta["layout"] == {"tp": engine.par.tp, "pp": engine.par.pp, "dp": engine.par.dp}
     if same_layout and rng.is_file():
         with safe_open(str(rng), framework="pt") as f:
             torch.set_rng_state(f.get_tensor("torch"))
+            if "cuda" in f.keys() and torch.cuda.is_available():
+                torch.cuda.set_rng_state(f.get_tensor("cuda"))
     return meta

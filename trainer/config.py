@@ -11,9 +11,12 @@ from tasks.core.errors import ConfigError
 from tasks.core.strict import Strict
 
 
-def padded_vocab(vocab: int, tp: int, multiple: int = 128) -> int:
-    """Megatron pads the vocabulary to a multiple of 128 x tp, so every rank holds an equal, aligned slice."""
-    step = multiple * tp
+def padded_vocab(vocab: int, tp: int) -> int:
+    """The vocabulary padded so every tensor-parallel rank holds an equal slice whose size is a multiple
+    of 128 (Megatron pads to 128 x tp). Here to a multiple of lcm(1024, 128 x tp): the same size for
+    every tp up to 8 (50257 -> 51200, MT-NLG's), so a checkpoint resumes and exports the same at any
+    of them; a tp that does not divide 1024 (3, 6, 12, ...) gives a larger size of its own."""
+    step = math.lcm(1024, 128 * tp)
     return -(-vocab // step) * step
 
 
@@ -42,7 +45,7 @@ class ArchParams(Strict):
 class ModelParams(ArchParams):
     """A GPT decoder as MT-NLG and GPT-3: pre-LayerNorm, learned positions, GeLU (tanh), tied embeddings."""
 
-    vocab_size: int = Field(50304, ge=2, description="Vocabulary (padded to a multiple of 128, as Megatron).")
+    vocab_size: int = Field(51200, ge=2, description="Vocabulary, padded (padded_vocab: 50257 -> 51200).")
     seq_len: int = Field(2048, ge=1, description="Context length (learned position embeddings).")
 
     @property
@@ -91,7 +94,7 @@ class OptimParams(Strict):
 
 def plan(model: ModelParams, par: ParallelParams, world_size: int) -> tuple[ModelParams, list[str]]:
     """Check a layout before any process group starts: one ConfigError naming the cause. Returns the
-    model with its vocabulary padded to a multiple of 128 x tp (as Megatron), and notes saying so."""
+    model with its vocabulary padded (padded_vocab: the same size for every tp up to 8), and notes saying so."""
     if world_size != par.world_size:
         raise ConfigError(f"world size {world_size} is not tp x pp x dp = {par.tp} x {par.pp} x {par.dp} "
                           f"= {par.world_size}")
@@ -106,7 +109,8 @@ def plan(model: ModelParams, par: ParallelParams, world_size: int) -> tuple[Mode
     if padded == model.vocab_size:
         return model, []
     return (model.model_copy(update={"vocab_size": padded}),
-            [f"vocab_size {model.vocab_size} padded to {padded} (a multiple of 128 x tp {par.tp}, as Megatron); "
+            [f"vocab_size {model.vocab_size} padded to {padded} (equal slices of a multiple of 128 for tp {par.tp}, "
+             f"the same size for every tp up to 8); "
              f"the {padded - model.vocab_size} extra rows are never a target"])
 
 

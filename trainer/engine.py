@@ -27,12 +27,14 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": plain, "weight_decay": 0.0}]
 
 
-def zero_stage(par: ParallelParams) -> int:
+def zero_stage(par: ParallelParams, opt: OptimParams) -> int:
     """ZeRO-1 partitions the optimizer state over the data-parallel replicas; one replica has nothing
-    to partition and its flat-buffer copies cost ~7% of a CPU step, so a single-stage dp = 1 run uses
-    stage 0. With pp > 1 ZeRO-1 stays: DeepSpeed's stage-0 clipping counts the tied embedding's
-    gradient on both stages (its ZeRO-1 norm skips the replica), which would clip too hard."""
-    return par.zero_stage if par.dp > 1 or par.pp > 1 else 0
+    to partition and its flat-buffer copies cost ~7% of a CPU step, so a single-stage dp = 1 fp32 run
+    uses stage 0. ZeRO-1 stays with pp > 1 (DeepSpeed's stage-0 clipping counts the tied embedding's
+    gradient on both stages; its ZeRO-1 norm skips the replica) and in half precision (the fp32 master
+    weights and moments are then reached the same way as under dp > 1, for checkpoints)."""
+    single = par.dp == 1 and par.pp == 1 and opt.dtype == "fp32"
+    return 0 if single else par.zero_stage
 
 
 def deepspeed_config(par: ParallelParams, opt: OptimParams) -> dict:
@@ -44,7 +46,9 @@ def deepspeed_config(par: ParallelParams, opt: OptimParams) -> dict:
         "optimizer": {"type": "AdamW", "params": {"lr": opt.lr, "betas": [opt.beta1, opt.beta2], "eps": opt.eps,
                                                   "weight_decay": opt.weight_decay, "torch_adam": True}},
         "gradient_clipping": opt.grad_clip,  # DeepSpeed's default is 1.0 whatever the recipe says
-        "zero_optimization": {"stage": zero_stage(par)},
+        "zero_optimization": {"stage": zero_stage(par, opt)},
+        # bf16 gradients summed over many micro-batches lose precision: accumulate them in fp32
+        **({"data_types": {"grad_accum_dtype": "fp32"}} if opt.dtype == "bf16" else {}),
         "bf16": {"enabled": opt.dtype == "bf16"},
         # dynamic loss scaling from 2^16, halved on overflow (the step skipped), doubled after 1000 clean steps
         "fp16": {"enabled": opt.dtype == "fp16", "loss_scale": 0, "initial_scale_power": 16,
@@ -57,9 +61,9 @@ def deepspeed_config(par: ParallelParams, opt: OptimParams) -> dict:
 class Engine:
     """One rank's view of a training run: its pipeline stage and the DeepSpeed engine around it."""
 
-    def __init__(self, ds_engine, model: ModelParams, par: ParallelParams, notes: list[str], tensor_group=None):
+    def __init__(self, ds_engine, model: ModelParams, par: ParallelParams, notes: list[str], group=None):
         self.ds, self.model, self.par, self.notes = ds_engine, model, par, notes
-        self.tensor_group = tensor_group
+        self.tensor_group = group
         self.rank = int(os.environ["RANK"])
         self.coord = coord(self.rank, par)
 
@@ -69,7 +73,7 @@ class Engine:
         stage with the layout-independent initialisation for `seed`, and wrap it in DeepSpeed."""
         world = int(os.environ.get("WORLD_SIZE", "1"))
         model, notes = plan(model, par, world)
-        if zero_stage(par) != par.zero_stage:
+        if zero_stage(par, opt) != par.zero_stage:
             notes.append(f"zero_stage {par.zero_stage} runs as 0 at dp 1, pp 1 (one replica: nothing to partition)")
         if int(os.environ.get("RANK", "0")) == 0:
             for note in notes:

@@ -23,13 +23,13 @@ from trainer.checkpoint import Tensors, read_meta
 from trainer.config import ModelParams
 
 
-def hf_config(p: ModelParams) -> dict:
+def hf_config(p: ModelParams, eod: int = 0) -> dict:
     return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": p.vocab_size,
             "n_positions": p.seq_len, "n_embd": p.d_model, "n_layer": p.n_layer, "n_head": p.n_head,
             "n_inner": 4 * p.d_model, "activation_function": "gelu_new", "layer_norm_epsilon": p.layernorm_eps,
             "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "initializer_range": p.std,
             "scale_attn_weights": True, "tie_word_embeddings": True, "use_cache": True,
-            "bos_token_id": 0, "eos_token_id": 0, "torch_dtype": "float32"}
+            "bos_token_id": eod, "eos_token_id": eod, "torch_dtype": "float32"}
 
 
 def _qkv_to_gpt2(t: torch.Tensor, p: ModelParams) -> torch.Tensor:
@@ -61,9 +61,12 @@ def export(checkpoint: Path, out: Path, tokenizer: Path | None = None) -> Path:
     state = gpt2_state(lambda name: tensors[f"param/{name}"], p)
     out.mkdir(parents=True, exist_ok=True)
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(hf_config(p), indent=1), encoding="utf-8")
-    if tokenizer is not None:
+    eod = 0
+    if tokenizer is not None:  # GPT-2 style: <|endoftext|> is both BOS and EOS
+        from tasks.tokenize import tokenizer as tokenizers
+        eod = tokenizers.eod_id(tokenizers.load(tokenizer))
         shutil.copyfile(tokenizer, out / "tokenizer.json")
+    (out / "config.json").write_text(json.dumps(hf_config(p, eod), indent=1), encoding="utf-8")
     return out
 
 

@@ -52,9 +52,9 @@ def first_error(log: Path) -> str:
     return errors[0].strip() if errors else f"see {log}"
 
 
-def run(module: str, config: Path, ranks: int, log: Path, timeout: float = 1800, echo=None) -> None:
-    """Run to the end; the ranks' output goes to `log` and, as it comes, to `echo` (a binary stream,
-    e.g. sys.stderr.buffer: the progress bar and any rank's error on the console)."""
+def run(module: str, config: Path, ranks: int, log: Path, timeout: float | None = 1800, echo=None) -> None:
+    """Run to the end (every rank killed after `timeout` seconds; None: no limit); the ranks' output
+    goes to `log` and, as it comes, to `echo` (a binary stream, e.g. sys.stderr.buffer)."""
     if echo is None:
         proc = start(module, config, ranks, log)
         try:
@@ -63,14 +63,18 @@ def run(module: str, config: Path, ranks: int, log: Path, timeout: float = 1800,
             os.killpg(proc.pid, 9)
             raise
     else:
-        code = _run_echoing(module, config, ranks, log, echo)
+        code = _run_echoing(module, config, ranks, log, echo, timeout)
     if code:
         raise LaunchFailed(code, first_error(log))
 
 
-def _run_echoing(module: str, config: Path, ranks: int, log: Path, echo) -> int:
+def _run_echoing(module: str, config: Path, ranks: int, log: Path, echo, timeout: float | None) -> int:
+    import threading
     proc = subprocess.Popen(command(module, config, ranks), env=environment(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)
+    timer = threading.Timer(timeout, os.killpg, (proc.pid, 9)) if timeout else None
+    if timer:
+        timer.start()
     try:
         with open(log, "ab") as out:
             while chunk := os.read(proc.stdout.fileno(), 65536):
@@ -79,6 +83,8 @@ def _run_echoing(module: str, config: Path, ranks: int, log: Path, echo) -> int:
                 echo.flush()
         return proc.wait()
     finally:
+        if timer:
+            timer.cancel()
         if proc.poll() is None:  # the caller was interrupted: take the ranks down with it
             os.killpg(proc.pid, 9)
             proc.wait()

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import sys
 import time
 from pathlib import Path
+
+import torch
 
 from tasks.core.errors import ConfigError, TrainingError
 from trainer import checkpoint, schedule
@@ -32,10 +35,12 @@ class MetricsLog:
         if path.is_file() and resumed_step:
             with path.open(newline="") as f:
                 rows = [r for r in csv.DictReader(f) if int(r["step"]) <= resumed_step]
-        with path.open("w", newline="") as f:
+        tmp = path.with_name(path.name + ".tmp")  # a kill mid-rewrite must not lose the history
+        with tmp.open("w", newline="") as f:
             writer = csv.DictWriter(f, FIELDS)
             writer.writeheader()
             writer.writerows(rows)
+        os.replace(tmp, path)
 
     def add(self, row: dict) -> None:
         with self.path.open("a", newline="") as f:
@@ -50,11 +55,17 @@ def train(cfg: TrainParams, samples: Samples, out: Path, init_from: Path | None 
     out, seq = Path(out), cfg.model.seq_len
     if not cfg.schedule.train_tokens:  # 0: every sample once (as many whole batches as there are)
         tokens = schedule.whole_batches(len(samples), cfg.schedule, cfg.parallel, seq) * seq
+        if not tokens:
+            raise ConfigError(f"the data has {len(samples)} samples, fewer than one global batch "
+                              f"({schedule.global_batch(0, cfg.schedule, cfg.parallel, seq)})")
         cfg = cfg.model_copy(update={"schedule": cfg.schedule.model_copy(update={"train_tokens": tokens})})
     schedule.check(cfg.schedule, cfg.parallel)
     engine = Engine.start(cfg.model, cfg.parallel, cfg.optim, cfg.seed)
+    # dropout: the same masks across a replica's tensor-parallel ranks (replicated activations must
+    # agree), different ones across replicas; a resume at the same layout restores the exact state
+    torch.manual_seed(cfg.seed * 1009 + engine.coord.data)
     ckpt_dir = out / "checkpoints"
-    position = {"consumed_samples": 0, "consumed_tokens": 0, "adam_step": 0}
+    position = {"consumed_samples": 0, "consumed_tokens": 0}
     step = 0
     found = checkpoint.latest(ckpt_dir) or init_from
     if found is not None:
@@ -83,8 +94,7 @@ def train(cfg: TrainParams, samples: Samples, out: Path, init_from: Path | None 
             # fp16: DeepSpeed's dynamic loss scaler has skipped this step's update and lowered the scale;
             # the data position moves on (as Megatron), and the row records the non-finite loss
             step += 1
-            position = {"consumed_samples": start + rows, "consumed_tokens": position["consumed_tokens"] + rows * seq,
-                        "adam_step": position["adam_step"] + 1}
+            position = {"consumed_samples": start + rows, "consumed_tokens": position["consumed_tokens"] + rows * seq}
             if leader:
                 tflops = model_flops(engine.model, rows) / seconds / world / 1e12
                 log.add({"step": step, "loss": repr(loss), "lr": f"{lr:.6g}", "global_batch": rows,

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from trainer.config import ModelParams, OptimParams
+from trainer.config import ModelParams, OptimParams, padded_vocab
 from trainer.engine import param_groups
 from trainer.model import GPT
 
 
 class PlainLoop:
     def __init__(self, model: ModelParams, opt: OptimParams, micro_batch: int, seed: int = 0):
-        self.gpt = GPT(model, seed=seed)
+        # the engine's model: the vocabulary padded as at any tp up to 8 (trainer.config.padded_vocab)
+        self.gpt = GPT(model.model_copy(update={"vocab_size": padded_vocab(model.vocab_size, 1)}), seed=seed)
         self.opt, self.micro_batch = opt, micro_batch
         self.grad_norms: list[float] = []  # before clipping, one per step
         self.optimizer = torch.optim.AdamW(param_groups(self.gpt, opt.weight_decay), lr=opt.lr,

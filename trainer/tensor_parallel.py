@@ -159,18 +159,25 @@ class VocabParallelEmbedding(_Sharded):
         return reduce_from_region(out, self.group)
 
 
-def local_part(module: nn.Module, param: str, full: torch.Tensor) -> torch.Tensor:
-    """This rank's part of a full (tp = 1) tensor for `module`'s parameter `param`: rows of a
-    column-parallel weight or bias, columns of a row-parallel weight, a vocabulary range of the
-    embedding; anything else (LayerNorm, position embedding, a row-parallel bias) is whole."""
+def local_range(module: nn.Module, param: str, full_shape) -> tuple[int, int, int]:
+    """(dim, start, stop): where this rank's part of a full (tp = 1) tensor lies for `module`'s
+    parameter `param`: rows of a column-parallel weight or bias, columns of a row-parallel weight, a
+    vocabulary range of the embedding; anything else (LayerNorm, position embedding, a row-parallel
+    bias) is whole (dim 0, all of it)."""
     rank, _ = world(getattr(module, "group", None))
     if isinstance(module, ColumnParallelLinear):
-        return full[rank * module.out_local:(rank + 1) * module.out_local]
+        return 0, rank * module.out_local, (rank + 1) * module.out_local
     if isinstance(module, RowParallelLinear) and param == "weight":
-        return full[:, rank * module.in_local:(rank + 1) * module.in_local]
+        return 1, rank * module.in_local, (rank + 1) * module.in_local
     if isinstance(module, VocabParallelEmbedding):
-        return full[module.vocab_start:module.vocab_start + module.vocab_local]
-    return full
+        return 0, module.vocab_start, module.vocab_start + module.vocab_local
+    return 0, 0, full_shape[0]
+
+
+def local_part(module: nn.Module, param: str, full: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a full (tp = 1) tensor for `module`'s parameter `param` (see local_range)."""
+    dim, start, stop = local_range(module, param, full.shape)
+    return full.narrow(dim, start, stop - start)
 
 
 def full_shape(module: nn.Module, param: str, local: torch.Size) -> tuple[int, ...]:

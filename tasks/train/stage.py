@@ -1,12 +1,15 @@
 """Stage `train`: the GPT trained on the `tokenize` stage's blend, as one declared global pass.
   model (global)  launches the 3D-parallel run (torchrun, tp x pp x dp local ranks) with its output in
-                  data/train/work/ (checkpoints survive a killed stage: a rerun resumes from the latest),
+                  data/train/work/ (checkpoints survive a killed stage: a rerun of the same run resumes
+                  from the latest, at whatever layout params.yaml now gives),
                   then assembles data/train/model/: the final checkpoint (layout-independent), the
                   per-step metrics.csv, the Hugging Face export (hf/) and the run's report.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -44,14 +47,32 @@ def _inputs(p: PipelineParams, ctx: Context) -> list[str]:
     return [str(blend / REPORT), str(datasets / MANIFEST), str(tokenizer)]
 
 
-def _fresh_work(work: Path, spec_json: str) -> None:
-    """Keep the work folder (and its checkpoints) only for the very same run."""
-    spec_file = work / "run.json"
-    if spec_file.is_file() and spec_file.read_text(encoding="utf-8") == spec_json:
+def run_identity(cfg: TrainParams, ctx: Context) -> str:
+    """What makes a run the same run: the model, recipe, seed and the blend it reads. Layout,
+    checkpoint cadence and MFU peak may change and the run resumes (checkpoints are layout-independent)."""
+    from tasks.tokenize.blend import REPORT
+    from tasks.tokenize.pieces import MANIFEST
+    blend, datasets, tokenizer = blend_files(ctx)
+    data = [(blend / REPORT).read_text(encoding="utf-8"), (datasets / MANIFEST).read_text(encoding="utf-8"),
+            tokenizer.read_text(encoding="utf-8")]
+    run = {k: getattr(cfg, k).model_dump() if hasattr(getattr(cfg, k), "model_dump") else getattr(cfg, k)
+           for k in ("model", "optim", "schedule", "seed")}
+    return hashlib.sha256(json.dumps([run, data], sort_keys=True).encode()).hexdigest()
+
+
+def _work_folder(work: Path, identity: str) -> None:
+    """Keep the work folder's checkpoints for the same run; another run moves them aside (never deleted
+    silently: `work.previous/` holds the last other run until the next one replaces it)."""
+    stamp = work / "identity"
+    if stamp.is_file() and stamp.read_text(encoding="utf-8") == identity:
         return
-    shutil.rmtree(work, ignore_errors=True)
+    if work.exists():
+        previous = work.with_name(work.name + ".previous")
+        shutil.rmtree(previous, ignore_errors=True)
+        os.replace(work, previous)
+        print(f"train: another run's work folder moved to {previous}", file=sys.stderr)
     work.mkdir(parents=True)
-    spec_file.write_text(spec_json, encoding="utf-8")
+    stamp.write_text(identity, encoding="utf-8")
 
 
 def _metrics(path: Path) -> list[dict]:
@@ -66,15 +87,17 @@ def build_model(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
     from tasks.tokenize.blend import REPORT
     from trainer.run import RunSpec
     from trainer.schedule import whole_batches
+    from trainer.size import parameters
     cfg = train_params(p, ctx)
     plan(cfg.model, cfg.parallel, cfg.parallel.world_size)  # a bad layout fails here, before any launch
     blend, datasets, tokenizer = blend_files(ctx)
     work = ctx.root / "work"
     spec = RunSpec(train=cfg, out=str(work), blend_dir=str(blend.resolve()), datasets_dir=str(datasets.resolve()))
-    _fresh_work(work, spec.model_dump_json())
+    _work_folder(work, run_identity(cfg, ctx))
+    (work / "run.json").write_text(spec.model_dump_json(), encoding="utf-8")
     try:
         launch.run("trainer.run", work / "run.json", cfg.parallel.world_size, work / "launch.log",
-                   timeout=7 * 24 * 3600, echo=sys.stderr.buffer)
+                   timeout=None, echo=sys.stderr.buffer)  # as long as the schedule takes
     except launch.LaunchFailed as e:  # the rank's own line, label and exit code
         raise from_line(e.line, f" (stage 'train', log: {work / 'launch.log'})") from None
     final = checkpoint.latest(work / "checkpoints")
@@ -86,12 +109,10 @@ def build_model(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
     rows = _metrics(tmp / "metrics.csv")
     every = max(1, len(rows) // CURVE_POINTS)
     m = cfg.model
-    params = m.vocab_size * m.d_model + m.seq_len * m.d_model + 2 * m.d_model \
-        + m.n_layer * (12 * m.d_model * m.d_model + 13 * m.d_model)
     report = {"steps": meta["step"], "tokens": meta["consumed_tokens"], "samples": meta["consumed_samples"],
               "train_tokens": cfg.schedule.train_tokens or whole_batches(
                   samples, cfg.schedule, cfg.parallel, m.seq_len) * m.seq_len,
-              "global_batch": cfg.parallel.global_batch, "parameters": params,
+              "global_batch": cfg.parallel.global_batch, "parameters": parameters(m),
               "layout": meta["layout"], "final_loss": float(rows[-1]["loss"]) if rows else None,
               "first_loss": float(rows[0]["loss"]) if rows else None,
               "tokens_per_s": statistics.median(float(r["tokens_per_s"]) for r in rows) if rows else None,
