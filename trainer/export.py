@@ -38,6 +38,12 @@ def _qkv_to_gpt2(t: torch.Tensor, p: ModelParams) -> torch.Tensor:
     return t.reshape(p.n_head, 3, hd, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
 
 
+def _qkv_from_gpt2(t: torch.Tensor, p: ModelParams) -> torch.Tensor:
+    """GPT-2's [q|k|v][head][head_dim] rows -> ours, [head][q|k|v][head_dim]."""
+    hd = p.d_model // p.n_head
+    return t.reshape(3, p.n_head, hd, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
+
+
 def gpt2_state(get, p: ModelParams) -> dict[str, torch.Tensor]:
     """GPT-2 tensors from ours; `get(name)` returns our whole fp32 tensor by its plain-GPT name."""
     out = {"transformer.wte.weight": get("wte.weight"), "transformer.wpe.weight": get("wpe.weight"),
@@ -51,6 +57,22 @@ def gpt2_state(get, p: ModelParams) -> dict[str, torch.Tensor]:
         for a, b in (("attn.proj", "attn.c_proj"), ("mlp.fc", "mlp.c_fc"), ("mlp.proj", "mlp.c_proj")):
             out[f"{theirs}{b}.weight"] = get(f"{ours}{a}.weight").t()
             out[f"{theirs}{b}.bias"] = get(f"{ours}{a}.bias")
+    return {k: v.float().contiguous() for k, v in out.items()}
+
+
+def state_from_gpt2(get, p: ModelParams) -> dict[str, torch.Tensor]:
+    """The inverse of gpt2_state: our plain-GPT tensors from a GPT-2 model's (`get(GPT-2 name)`)."""
+    out = {"wte.weight": get("transformer.wte.weight"), "wpe.weight": get("transformer.wpe.weight"),
+           "ln_f.weight": get("transformer.ln_f.weight"), "ln_f.bias": get("transformer.ln_f.bias")}
+    for i in range(p.n_layer):
+        ours, theirs = f"blocks.{i}.", f"transformer.h.{i}."
+        for a, b in (("ln1", "ln_1"), ("ln2", "ln_2")):
+            out[f"{ours}{a}.weight"], out[f"{ours}{a}.bias"] = get(f"{theirs}{b}.weight"), get(f"{theirs}{b}.bias")
+        out[f"{ours}attn.qkv.weight"] = _qkv_from_gpt2(get(f"{theirs}attn.c_attn.weight").t(), p)
+        out[f"{ours}attn.qkv.bias"] = _qkv_from_gpt2(get(f"{theirs}attn.c_attn.bias"), p)
+        for a, b in (("attn.proj", "attn.c_proj"), ("mlp.fc", "mlp.c_fc"), ("mlp.proj", "mlp.c_proj")):
+            out[f"{ours}{a}.weight"] = get(f"{theirs}{b}.weight").t()
+            out[f"{ours}{a}.bias"] = get(f"{theirs}{b}.bias")
     return {k: v.float().contiguous() for k, v in out.items()}
 
 

@@ -38,11 +38,15 @@ class Attention(nn.Module):
         self.proj = tp.RowParallelLinear(p.d_model, p.d_model, group)
         self.drop = nn.Dropout(p.dropout)
 
-    def forward(self, x):
+    def forward(self, x, mask=None):
+        """`mask` [batch, seq, seq], True where a query may attend (evaluation packs several
+        continuations after one shared context); None: causal."""
         b, s, _ = x.shape
         hd = self.p.d_model // self.p.n_head
         q, k, v = self.qkv(x).view(b, s, self.heads, 3, hd).permute(3, 0, 2, 1, 4)
-        if self.p.attention == "sdpa":
+        if mask is not None:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])
+        elif self.p.attention == "sdpa":
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                  dropout_p=self.p.dropout if self.training else 0.0)
         else:
@@ -76,8 +80,8 @@ class Block(nn.Module):
         self.ln2 = LayerNorm(p.d_model, p.layernorm_eps, p.fused_kernels)
         self.mlp = MLP(p, group)
 
-    def forward(self, x):
-        x = x + self.attn(self.ln1(x))
+    def forward(self, x, mask=None):
+        x = x + self.attn(self.ln1(x), mask)
         return x + self.mlp(self.ln2(x))
 
 
@@ -110,8 +114,8 @@ class PositionEmbedding(nn.Embedding):
         super().__init__(p.seq_len, p.d_model)
         self.drop = nn.Dropout(p.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(x + self.weight[:x.shape[1]])
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        return self.drop(x + (self.weight[:x.shape[1]] if positions is None else self.weight[positions]))
 
 
 def _initial(name: str, shape: tuple[int, ...], p: ModelParams, seed: int) -> torch.Tensor:
@@ -151,11 +155,13 @@ class GPT(nn.Module):
         self.ln_f = LayerNorm(p.d_model, p.layernorm_eps, p.fused_kernels)
         init_parameters(self.named_modules(), p, seed)
 
-    def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Final hidden states [batch, seq, d_model] after the last LayerNorm."""
-        x = self.wpe(self.wte(tokens))
+    def hidden(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
+               mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Final hidden states [batch, seq, d_model] after the last LayerNorm. `positions` and `mask`
+        (see Attention) are for packed evaluation sequences; None: 0..seq-1, causal."""
+        x = self.wpe(self.wte(tokens), positions)
         for block in self.blocks:
-            x = block(x)
+            x = block(x, mask)
         return self.ln_f(x)
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:

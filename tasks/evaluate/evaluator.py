@@ -1,0 +1,81 @@
+"""One task at one shot count: render, score, and the metrics lm-evaluation-harness reports for it
+(LAMBADA: acc = every token of the last word greedy, perplexity = exp(-mean log-likelihood); the
+multiple-choice tasks: acc = the most likely choice is gold, acc_norm (PiQA, HellaSwag) = the same
+after dividing each log-likelihood by the choice's length in characters). Standard errors: the
+sample standard deviation / sqrt(n) for means, as lm-eval; for perplexity the delta method
+(perplexity x the stderr of the mean log-likelihood), where lm-eval bootstraps.
+
+A doc with a continuation longer than the model's window cannot be scored (lm-eval stops the whole run
+on one): it is left out and counted in the row's `skipped`, so `n` is the docs actually scored."""
+from __future__ import annotations
+
+import math
+import random
+import statistics
+
+from tasks.evalsets.loaders import TaskData
+from tasks.evaluate.prompts import fewshot_prefixes, render
+from tasks.evaluate.scoring import Scorer
+
+METRICS = {"lambada": ("acc", "perplexity"), "piqa": ("acc", "acc_norm"), "hellaswag": ("acc", "acc_norm")}
+DEFAULT_METRICS = ("acc",)
+
+
+def metrics_of(task: str) -> tuple[str, ...]:
+    return METRICS.get(task, DEFAULT_METRICS)
+
+
+def select(n: int, limit: int | None, seed: int) -> list[int]:
+    """All docs, or `limit` of them drawn with the seed (kept in file order)."""
+    if limit is None or limit >= n:
+        return list(range(n))
+    return sorted(random.Random(seed).sample(range(n), limit))
+
+
+def _stderr(values: list[float]) -> float:
+    return statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else float("nan")
+
+
+def evaluate_task(scorer: Scorer, task: TaskData, shots: int, seed: int = 1234,
+                  limit: int | None = None) -> list[dict]:
+    """Rows of (task, shots, metric, value, stderr, n)."""
+    docs, pool = render(task)
+    indices = select(len(docs), limit, seed)
+    prefixes = fewshot_prefixes(indices, docs, pool, shots, seed)
+    scored = scorer.score([docs[i].pairs(p) for i, p in zip(indices, prefixes)], desc=f"{task.name} {shots}-shot")
+    per_doc: dict[str, list[float]] = {m: [] for m in ("acc", "acc_norm", "loglik")}
+    skipped = 0
+    for i, lls in zip(indices, scored):
+        doc = docs[i]
+        if any(x is None for x in lls):
+            skipped += 1
+            continue
+        if task.name == "lambada":
+            (ll, greedy), = lls
+            per_doc["acc"].append(float(greedy))
+            per_doc["loglik"].append(ll)
+            continue
+        values = [ll for ll, _ in lls]
+        best = max(range(len(values)), key=lambda j: (values[j], -j))  # first of equal maxima, as argmax
+        norm = [v / len(c) for v, c in zip(values, doc.choices)]
+        best_norm = max(range(len(norm)), key=lambda j: (norm[j], -j))
+        per_doc["acc"].append(float(best == doc.gold))
+        per_doc["acc_norm"].append(float(best_norm == doc.gold))
+    rows = []
+    n = len(indices) - skipped
+    if n == 0:
+        raise ValueError(f"task {task.name}: no doc fits the model's {scorer.window}-token window")
+    for metric in metrics_of(task.name):
+        if metric == "perplexity":
+            ll = per_doc["loglik"]
+            value = math.exp(-statistics.fmean(ll))
+            rows.append(_row(task.name, shots, metric, value, value * _stderr(ll), n, skipped))
+        else:
+            rows.append(_row(task.name, shots, metric, statistics.fmean(per_doc[metric]), _stderr(per_doc[metric]),
+                             n, skipped))
+    return rows
+
+
+def _row(task: str, shots: int, metric: str, value: float, stderr: float, n: int, skipped: int) -> dict:
+    return {"task": task, "shots": shots, "metric": metric, "value": value,
+            "stderr": None if math.isnan(stderr) else stderr, "n": n, "skipped": skipped}

@@ -1,0 +1,172 @@
+"""The nine MT-NLG tasks rendered as lm-evaluation-harness 0.4.13 renders them, from the official release
+files (tasks/evalsets/loaders.py). Each example becomes a `Doc`: the (context, continuation) pair of
+every choice, the gold index, and how the example reads as a solved few-shot shot.
+
+Prompts (lm-eval's task YAMLs; `" "` is lm-eval's target delimiter, put in front of each choice):
+- lambada:    context = text without its last word; continuation = " " + last word (greedy + perplexity)
+- boolq:      "<title> -- <passage>\\nQuestion: <question>?\\nAnswer:"  choices " no" / " yes"
+- race_h:     one doc per article, scoring its LAST question: "Article: <article>\\n\\n" then each earlier
+              question as "Question: q\\nAnswer: a\\n" (a fill-in-the-blank question ending "  _  ." is
+              written up to its blank, then the answer: lm-eval's race v3.0), then the last question
+- piqa:       "Question: <goal>\\nAnswer:"  choices " <sol1>" / " <sol2>"
+- hellaswag:  clean("<activity_label>: <ctx_a> <ctx_b.capitalize()>"), choices clean(ending), where clean
+              turns " [title]" into ". ", drops "[...]" tags and double spaces
+- winogrande: partial scoring: context = sentence up to "_" + option, continuation = " " + the rest
+- anli_r2:    "<premise>\\nQuestion: <hypothesis> True, False, or Neither?\\nAnswer:"  " True"/" Neither"/" False"
+- hans:       not an lm-eval 0.4 task; GLUE RTE's binary prompt, as lm-eval writes it:
+              "<sentence1>\\nQuestion: <sentence2> True or False?\\nAnswer:"  " True" (entailment) / " False"
+- wic:        "Sentence 1: <s1>\\nSentence 2: <s2>\\nQuestion: Is the word '<word in s1>' used in the same way
+              in the two sentences above?\\nAnswer:"  " no" / " yes"
+Few-shot: k solved shots joined by "\\n\\n", then "\\n\\n", then the prompt (lm-eval's delimiters).
+"""
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+from tasks.evalsets.loaders import TaskData
+
+SHOT_SEPARATOR = "\n\n"   # lm-eval's fewshot_delimiter
+TARGET_DELIMITER = " "    # lm-eval's target_delimiter
+
+
+@dataclass(frozen=True)
+class Doc:
+    """One scored example. `contexts` has one entry shared by every choice, or one per choice
+    (WinoGrande); `continuations` one per choice, or one shared (WinoGrande)."""
+    contexts: tuple[str, ...]
+    continuations: tuple[str, ...]
+    gold: int
+    choices: tuple[str, ...]        # the choice texts: acc_norm divides by their length in characters
+    shot: str                       # this example solved, as a few-shot demonstration
+
+    @property
+    def n_choices(self) -> int:
+        return max(len(self.contexts), len(self.continuations))
+
+    def pairs(self, prefix: str = "") -> list[tuple[str, str]]:
+        n = self.n_choices
+        ctx = self.contexts if len(self.contexts) == n else self.contexts * n
+        cont = self.continuations if len(self.continuations) == n else self.continuations * n
+        return [(prefix + c, t) for c, t in zip(ctx, cont)]
+
+
+def _choice_doc(context: str, choices: list[str], gold: int) -> Doc:
+    return Doc((context,), tuple(TARGET_DELIMITER + c for c in choices), gold, tuple(choices),
+               context + TARGET_DELIMITER + choices[gold])
+
+
+def lambada(ex: dict) -> Doc:
+    words = ex["text"].split(" ")
+    context, target = " ".join(words[:-1]), " " + words[-1]
+    # lm-eval's LAMBADA target already starts with a space and its shots add the delimiter too
+    return Doc((context,), (target,), 0, (target,), context + TARGET_DELIMITER + target)
+
+
+def boolq(ex: dict) -> Doc:
+    passage = f"{ex['title']} -- {ex['passage']}" if ex.get("title") else ex["passage"]
+    return _choice_doc(f"{passage}\nQuestion: {ex['question']}?\nAnswer:", ["no", "yes"], int(ex["label"]))
+
+
+def race_articles(examples: list[dict]) -> list[list[dict]]:
+    """The flat question list regrouped into articles (in file order): lm-eval scores one per article."""
+    groups: list[list[dict]] = []
+    for ex in examples:
+        if groups and groups[-1][0]["id"] == ex["id"]:
+            groups[-1].append(ex)
+        else:
+            groups.append([ex])
+    return groups
+
+
+def race(problems: list[dict]) -> Doc:
+    text = "Article: " + problems[0]["article"] + "\n\n"
+    for p in problems[:-1]:
+        answer = p["options"][p["label"]]
+        if p["question"][-6:] == "  _  .":
+            text += p["question"][:-5] + answer + "\n"
+        else:
+            text += "Question: " + p["question"] + "\n" + "Answer: " + answer + "\n"
+    last = problems[-1]
+    return _choice_doc(text + last["question"], list(last["options"]), last["label"])
+
+
+def piqa(ex: dict) -> Doc:
+    return _choice_doc(f"Question: {ex['goal']}\nAnswer:", [ex["sol1"], ex["sol2"]], int(ex["label"]))
+
+
+def _hellaswag_clean(text: str) -> str:
+    text = text.strip().replace(" [title]", ". ")
+    return re.sub("\\[.*?\\]", "", text).replace("  ", " ")
+
+
+def hellaswag(ex: dict) -> Doc:
+    query = _hellaswag_clean(ex["activity_label"] + ": " + ex["ctx_a"] + " " + ex["ctx_b"].capitalize())
+    return _choice_doc(query, [_hellaswag_clean(e) for e in ex["endings"]], int(ex["label"]))
+
+
+def winogrande(ex: dict) -> Doc:
+    s = ex["sentence"]
+    i = s.index("_")
+    contexts = (s[:i] + ex["option1"], s[:i] + ex["option2"])
+    target = s[i + 1:].strip()
+    gold = int(ex["label"]) if "label" in ex else int(ex["answer"]) - 1
+    return Doc(contexts, (TARGET_DELIMITER + target,), gold, contexts, contexts[gold] + TARGET_DELIMITER + target)
+
+
+def anli(ex: dict) -> Doc:
+    return _choice_doc(f"{ex['context']}\nQuestion: {ex['hypothesis']} True, False, or Neither?\nAnswer:",
+                       ["True", "Neither", "False"], "enc".index(ex["label"]))
+
+
+def hans(ex: dict) -> Doc:
+    return _choice_doc(f"{ex['sentence1']}\nQuestion: {ex['sentence2']} True or False?\nAnswer:",
+                       ["True", "False"], 0 if ex["label"] else 1)
+
+
+def wic_word(ex: dict) -> str:
+    """The target word as written in sentence 1 (SuperGLUE's sentence1[start1:end1]): the release
+    gives its token index in the space-tokenised sentence."""
+    return ex["sentence1"].split(" ")[int(ex["indices"].split("-")[0])]
+
+
+def wic(ex: dict) -> Doc:
+    return _choice_doc(f"Sentence 1: {ex['sentence1']}\nSentence 2: {ex['sentence2']}\nQuestion: Is the word "
+                       f"'{wic_word(ex)}' used in the same way in the two sentences above?\nAnswer:",
+                       ["no", "yes"], int(ex["label"]))
+
+
+RENDER = {"lambada": lambada, "boolq": boolq, "race_h": race, "piqa": piqa, "hellaswag": hellaswag,
+          "winogrande": winogrande, "anli_r2": anli, "hans": hans, "wic": wic}
+
+
+def render(task: TaskData) -> tuple[list[Doc], list[Doc] | None]:
+    """The task's scored docs and its few-shot pool (None: shots come from the scored docs themselves)."""
+    fn = RENDER[task.name]
+    if task.name == "race_h":
+        docs = [race(g) for g in race_articles(task.examples)]
+        pool = [race(g) for g in race_articles(task.fewshot)] if task.fewshot else None
+    else:
+        docs = [fn(ex) for ex in task.examples]
+        pool = [fn(ex) for ex in task.fewshot] if task.fewshot else None
+    return docs, pool
+
+
+def fewshot_prefixes(indices: list[int], docs: list[Doc], pool: list[Doc] | None, k: int, seed: int) -> list[str]:
+    """The few-shot prefix of each scored doc (`indices` into `docs`): k shots drawn by one seeded
+    generator per task, in order. Without a few-shot split the shots come from the task's own docs,
+    never the doc itself (as lm-eval)."""
+    if k == 0:
+        return [""] * len(indices)
+    own = pool is None
+    source = docs if own else pool
+    if len(source) - own < k:
+        raise ValueError(f"{k}-shot needs {k} few-shot examples, the few-shot split has {len(source) - own}")
+    rng = random.Random(seed)
+    out = []
+    for i in indices:
+        picks = rng.sample(range(len(source)), k + own)
+        shots = [source[j] for j in picks if not (own and j == i)][:k]
+        out.append(SHOT_SEPARATOR.join(s.shot for s in shots) + SHOT_SEPARATOR)
+    return out

@@ -1,0 +1,172 @@
+"""The evaluator: prompts as lm-evaluation-harness writes them, packed scoring equal to one plain forward
+per request, model loading from a checkpoint or a Hugging Face folder, and the bad inputs."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+
+from tasks.core.errors import ConfigError, InputFileError
+from tasks.evalsets.loaders import TaskData, TaskFileError, load_task
+from tasks.evaluate import model_io, prompts
+from tasks.evaluate.evaluator import evaluate_task, select
+from tasks.evaluate.scoring import Scorer
+from tasks.tokenize import tokenizer as tokenizers
+from trainer.config import ModelParams
+from trainer.export import gpt2_state, hf_config, state_from_gpt2
+from trainer.model import GPT
+
+TEXT = ["The cat sat on the mat and looked at the dog.", "Is the sky blue? Yes, the sky is blue today.",
+        "A man is sitting on a roof. He starts pulling up roofing.", "Question: how do you boil water?\nAnswer:"]
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    """A small seeded GPT with a 32-token window (so truncation happens) and a BPE trained on TEXT."""
+    tok = tokenizers.train([TEXT * 20], vocab_size=300, min_frequency=1)
+    folder = tmp_path_factory.mktemp("hf")
+    tok.save(str(folder / "tokenizer.json"))
+    p = ModelParams(n_layer=2, n_head=2, d_model=32, seq_len=32, vocab_size=384, fused_kernels=False, init_std=0.2)
+    state = dict(GPT(p, seed=3).named_parameters())
+    save_file(gpt2_state(lambda n: state[n].detach(), p), str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(hf_config(p, tokenizers.eod_id(tok))), encoding="utf-8")
+    return model_io.load(folder)
+
+
+def test_prompts_are_lm_eval_formats():
+    d = prompts.boolq({"question": "is the sky blue", "passage": "It is.", "title": "Sky", "label": True})
+    assert d.pairs() == [("Sky -- It is.\nQuestion: is the sky blue?\nAnswer:", " no"),
+                         ("Sky -- It is.\nQuestion: is the sky blue?\nAnswer:", " yes")] and d.gold == 1
+    d = prompts.lambada({"text": "he said hello to Anna"})
+    assert d.pairs() == [("he said hello to", " Anna")] and d.shot == "he said hello to  Anna"
+    d = prompts.hellaswag({"activity_label": "Roof shingle removal", "ctx_a": "A man is on a roof.", "ctx_b": "he",
+                           "endings": ["starts [title] pulling.", "x"], "label": 0})
+    assert d.pairs()[0] == ("Roof shingle removal: A man is on a roof. He", " starts. pulling.")
+    d = prompts.winogrande({"sentence": "Anna gave Bob _ book because he asked.", "option1": "Anna",
+                            "option2": "Bob", "label": 1})
+    assert d.pairs() == [("Anna gave Bob Anna", " book because he asked."), ("Anna gave Bob Bob", " book because he asked.")]
+    assert d.gold == 1 and d.shot == "Anna gave Bob Bob book because he asked."
+    d = prompts.anli({"context": "P.", "hypothesis": "H.", "label": "c"})
+    assert d.pairs()[2] == ("P.\nQuestion: H. True, False, or Neither?\nAnswer:", " False") and d.gold == 2
+    d = prompts.hans({"sentence1": "A.", "sentence2": "B.", "label": False})
+    assert d.pairs()[0][0] == "A.\nQuestion: B. True or False?\nAnswer:" and d.gold == 1
+    d = prompts.wic({"sentence1": "Do you want to come over to my place later ?", "sentence2": "No place .",
+                     "indices": "8-1", "word": "place", "label": True})
+    assert "Is the word 'place' used in the same way" in d.pairs()[0][0] and d.gold == 1
+    art = {"article": "Text.", "id": "a1"}
+    qs = [dict(art, question="The author is  _  .", options=["a", "b", "c", "d"], label=1),
+          dict(art, question="Why?", options=["w", "x", "y", "z"], label=0),
+          dict(art, question="Last?", options=["p", "q", "r", "s"], label=3)]
+    d = prompts.race(prompts.race_articles(qs)[0])
+    assert d.pairs()[3] == ("Article: Text.\n\nThe author is b\nQuestion: Why?\nAnswer: w\nLast?", " s")
+
+
+def test_fewshot_prefixes_are_seeded_and_never_the_doc_itself():
+    docs = [prompts.hans({"sentence1": f"S{i}.", "sentence2": "T.", "label": True}) for i in range(6)]
+    a = prompts.fewshot_prefixes(list(range(6)), docs, None, 2, seed=7)
+    assert a == prompts.fewshot_prefixes(list(range(6)), docs, None, 2, seed=7)
+    for i, prefix in enumerate(a):
+        assert prefix.endswith("\n\n") and prefix.count("Answer: True") == 2 and f"S{i}." not in prefix
+    with pytest.raises(ValueError, match="3-shot needs 3 few-shot examples, the few-shot split has 2"):
+        prompts.fewshot_prefixes([0], docs[:1], docs[1:3], 3, seed=7)
+
+
+def _plain_scores(lm, pairs):
+    """lm-eval's procedure, one request at a time, on full logits."""
+    out = []
+    for ctx, cont in pairs:
+        n = len(ctx) - len(ctx.rstrip())
+        if n:
+            ctx, cont = ctx[:-n], ctx[-n:] + cont
+        c = lm.tokenizer.encode(ctx, add_special_tokens=False).ids if ctx else [lm.eod]
+        t = lm.tokenizer.encode(ctx + cont, add_special_tokens=False).ids[len(c):] if ctx else \
+            lm.tokenizer.encode(cont, add_special_tokens=False).ids
+        inp = (c + t)[-(lm.params.seq_len + 1):][:-1]
+        with torch.no_grad():
+            logp = F.log_softmax(lm.model(torch.tensor([inp]))[0, -len(t):], -1)
+        out.append((float(logp[range(len(t)), t].sum()), bool((logp.argmax(-1) == torch.tensor(t)).all())))
+    return out
+
+
+def test_a_continuation_longer_than_the_window_is_not_scored(lm):
+    got = Scorer(lm, progress=False).score([[("Hi", " the cat" * 40), ("Hi", " the")]])
+    assert got[0][0] is None and got[0][1] is not None
+
+
+def test_packed_scoring_equals_one_forward_per_request(lm):
+    long = " ".join(TEXT)  # longer than the 32-token window: truncated from the left
+    docs = [[("Question: how do you boil water?\nAnswer:", c) for c in (" Heat it.", " the cat sat on it", " Yes")],
+            [(long, " the dog."), (long, " blue")], [("", " The cat sat.")],
+            [("Anna gave Bob ", "the mat."), ("Anna gave Bob", " the mat.")]]
+    got = Scorer(lm, token_budget=64, progress=False).score(docs)
+    for doc, scored in zip(docs, got):
+        for (a, ga), (b, gb) in zip(scored, _plain_scores(lm, doc)):
+            assert math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-4) and ga == gb
+
+
+def test_the_shared_context_is_run_once(lm, monkeypatch):
+    calls = []
+    original = lm.model.hidden
+    monkeypatch.setattr(lm.model, "hidden", lambda t, *a: calls.append(t.shape) or original(t, *a))
+    Scorer(lm, progress=False).score([[("Is the sky blue?", c) for c in (" Yes, it is.", " the cat sat", " No")]])
+    assert len(calls) == 1 and calls[0][0] == 1  # one sequence for the three choices
+
+
+def test_hf_mapping_round_trips_and_loads_the_same_weights(lm):
+    p = lm.params
+    ours = {n: t.detach() for n, t in GPT(p, seed=3).named_parameters()}
+    back = state_from_gpt2(gpt2_state(ours.__getitem__, p).__getitem__, p)
+    assert all(torch.equal(back[n], ours[n]) for n in ours)
+    assert all(torch.equal(t, ours[n]) for n, t in lm.model.named_parameters())
+
+
+def test_a_tokenizer_that_is_not_the_models_is_refused(lm, tmp_path):
+    big = tokenizers.train([[f"w{i} v{i * 7} u{i * 13}" for i in range(3000)]], vocab_size=600, min_frequency=1)
+    assert big.get_vocab_size() > 384
+    (tmp_path / "config.json").write_text(json.dumps(hf_config(lm.params, 0)), encoding="utf-8")
+    big.save(str(tmp_path / "tokenizer.json"))
+    save_file(gpt2_state(lambda n: dict(lm.model.named_parameters())[n].detach(), lm.params),
+              str(tmp_path / "model.safetensors"))
+    with pytest.raises(ConfigError, match="tokenizer does not match the model .*: [0-9]+ tokens, the model embeds 384"):
+        model_io.load(tmp_path)
+    lm.tokenizer.save(str(tmp_path / "tokenizer.json"))
+    cfg = hf_config(lm.params, lm.eod + 1)
+    (tmp_path / "config.json").write_text(json.dumps(cfg), encoding="utf-8")
+    with pytest.raises(ConfigError, match="end-of-text id is 0, the model's eos_token_id 1"):
+        model_io.load(tmp_path)
+    other = hf_config(lm.params, lm.eod) | {"n_embd": 64, "n_inner": 256}  # another model config than the weights
+    (tmp_path / "config.json").write_text(json.dumps(other), encoding="utf-8")
+    with pytest.raises(ConfigError, match="shape"):
+        model_io.load(tmp_path)
+    with pytest.raises(InputFileError, match="neither a checkpoint"):
+        model_io.load(tmp_path / "nowhere")
+
+
+def test_task_files_missing_or_empty_fail_naming_the_file(tmp_path):
+    with pytest.raises(TaskFileError, match="task 'boolq': file not found"):
+        load_task("boolq", tmp_path)
+    (tmp_path / "anli/R2").mkdir(parents=True)
+    (tmp_path / "anli/R2/test.jsonl").write_text('{"context": "a", "hypothesis": "b", "label": "e"}\n')
+    (tmp_path / "anli/R2/dev.jsonl").write_text("\n")
+    with pytest.raises(TaskFileError, match="file has no records.*dev.jsonl"):
+        load_task("anli_r2", tmp_path, fewshot=True)
+
+
+def test_task_metrics_on_a_real_task(lm, benchmarks_dir):
+    task = load_task("piqa", benchmarks_dir, fewshot=True)
+    scorer = Scorer(lm, progress=False)
+    rows = evaluate_task(scorer, task, 0, limit=20)
+    # the 32-token window cannot hold some solutions in this tiny vocabulary: those docs are counted apart
+    assert [r["metric"] for r in rows] == ["acc", "acc_norm"] and all(r["n"] + r["skipped"] == 20 for r in rows)
+    assert rows[0]["skipped"] > 0 and rows[0]["n"] > 5
+    assert all(0 <= r["value"] <= 1 and r["stderr"] > 0 for r in rows)
+    assert rows == evaluate_task(scorer, task, 0, limit=20)  # deterministic
+    one = evaluate_task(scorer, task, 1, limit=5)
+    assert one[0]["shots"] == 1 and one[0]["n"] + one[0]["skipped"] == 5
+    assert select(10, 3, 1) == select(10, 3, 1) and len(select(10, 3, 1)) == 3 and select(10, None, 1) == list(range(10))
+    lam = evaluate_task(scorer, TaskData("lambada", [{"text": "the cat sat on the mat"}] * 3, ("text",)), 0)
+    assert [r["metric"] for r in lam] == ["acc", "perplexity"] and lam[1]["value"] > 1
