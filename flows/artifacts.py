@@ -12,7 +12,7 @@ from flows.plots import data_uri, stage_plots
 from tasks.core.config import PipelineParams
 from tasks.validation import ValidationReport
 
-_SKIP = {"stage", "passes", "dropped", "extra", "tasks", "validation", "failed_shards"}
+_SKIP = {"stage", "passes", "dropped", "extra", "tasks", "validation", "failed_shards", "fewshot_k"}
 
 
 def _cell(v) -> str:
@@ -65,6 +65,13 @@ def stats_markdown(stats: dict, report: ValidationReport | None, p: PipelinePara
         lines += [f"| {name} | {row['tokens']:,} | {row['documents']:,} | {row['target_share']:.4f} | "
                   f"{row['realised_share']:.4f} | {row['epochs']:.2f} |"
                   for name, row in sorted(stats["blend"].items(), key=lambda kv: -kv[1]["target_share"])]
+    if isinstance(stats.get("accuracy"), dict):  # evaluate: MT-NLG Figure 3's table
+        settings = [s for s in ("zero-shot", "one-shot", "few-shot") if any(s in r for r in stats["accuracy"].values())]
+        k = stats.get("fewshot_k", {})
+        lines += ["", "Accuracy (lm-evaluation-harness prompts and metrics):", "",
+                  "| task | " + " | ".join(settings) + " |", "|---" * (len(settings) + 1) + "|"]
+        lines += [f"| {t} | " + " | ".join(_cell(row.get(s, "")) + (f" (k={k[t]})" if s == "few-shot" and t in k else "")
+                                           for s in settings) + " |" for t, row in stats["accuracy"].items()]
     if report is not None:
         status = "passed" if report.success else "FAILED"
         lines += ["", f"### Validation {status}", "",

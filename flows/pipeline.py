@@ -18,6 +18,7 @@ from flows.artifacts import publish_summary
 from flows.stages import DEFAULT_PARAMS, STAGE_FLOWS, failed, resolve
 from tasks.core.config import PipelineParams, load_params
 from tasks.core.errors import ConfigError, describe, exit_code_of
+from tasks.core import registry
 from tasks.core.registry import PIPELINE
 from tasks.core.runner import stats_path
 
@@ -40,7 +41,9 @@ def pretraining_pipeline(params: PipelineParams = DEFAULT_PARAMS, params_file: s
     try:
         p = resolve(params, params_file)
         chosen = [s for s in PIPELINE if not stages or s in stages]
-        for s in chosen:
+        for i, s in enumerate(chosen):
+            if registry.stage(s).cites_lineage and i:  # its provenance reads dvc.lock: record what is done
+                get_run_logger().info(record_in_dvc(chosen[:i], p, params_file or "params.yaml"))
             state = STAGE_FLOWS[s](params=p, return_state=True)
             if not state.is_completed():  # the stage's one line becomes the pipeline's state message
                 rows.append({"stage": s, "stats": _stats_or_none(p, s), "error": state.message})

@@ -68,6 +68,46 @@ def curve_png(title: str, points: list[list[float]], ylabel: str) -> bytes:
     return buf.getvalue()
 
 
+def _png(fig) -> bytes:
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def accuracy_png(title: str, accuracy: dict[str, dict[str, float]]) -> bytes:
+    """Accuracy per task, one bar per shot setting (MT-NLG Figure 3's layout)."""
+    tasks = sorted(accuracy)
+    groups = [s for s in ("zero-shot", "one-shot", "few-shot") if any(s in row for row in accuracy.values())]
+    fig, ax = plt.subplots(figsize=(7.2, 3.4), dpi=90)
+    width = 0.8 / max(len(groups), 1)
+    for g, name in enumerate(groups):
+        values = [accuracy[t].get(name, 0) for t in tasks]
+        ax.bar([i + (g - (len(groups) - 1) / 2) * width for i in range(len(tasks))], values, width=width, label=name)
+    ax.set_xticks(range(len(tasks)), tasks, rotation=30, ha="right", fontsize=8)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("accuracy")
+    ax.set_title(title, fontsize=11)
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def history_png(title: str, series: dict[str, list[tuple[float, float]]]) -> bytes:
+    """Each task's accuracy against training tokens, across the evaluated checkpoints."""
+    fig, ax = plt.subplots(figsize=(7.2, 3.6), dpi=90)
+    for task, points in sorted(series.items()):
+        points = sorted(points)
+        ax.plot([x for x, _ in points], [y for _, y in points], marker="o", markersize=3, linewidth=1.2, label=task)
+    ax.set_xlabel("training tokens")
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.set_title(title, fontsize=11)
+    ax.legend(fontsize=7, ncol=3)
+    return _png(fig)
+
+
 def stage_plots(stats: dict) -> list[tuple[str, bytes]]:
     """The charts a stage's stats.json supports: kept vs dropped by reason, languages, per-task
     matches, the sample's kinds of page."""
@@ -87,6 +127,8 @@ def stage_plots(stats: dict) -> list[tuple[str, bytes]]:
         out.append(("Epochs per dataset", bar_png("epochs per dataset", epochs, "epochs")))
     if stats.get("loss_curve"):
         out.append(("Training loss", curve_png("train: loss per step", stats["loss_curve"], "loss")))
+    if isinstance(stats.get("accuracy"), dict) and stats["accuracy"]:
+        out.append(("Accuracy per task", accuracy_png("evaluate: accuracy per task", stats["accuracy"])))
     if isinstance(stats.get("kinds"), dict):
         out.append(("Sample pages by kind", bar_png("sample: pages by kind", stats["kinds"], "pages")))
     return out

@@ -5,6 +5,7 @@ Parameters are the typed models from params.yaml."""
 from __future__ import annotations
 
 import json
+import os
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -63,6 +64,9 @@ def resolve(params: PipelineParams, params_file: str | None) -> PipelineParams:
 
 def run_stage_flow(stage: str, p: PipelineParams) -> dict:
     log = get_run_logger()
+    from prefect.runtime import flow_run
+    if flow_run.id:  # the stage's outputs record the flow run that made them (evaluation provenance)
+        os.environ["PREFECT__FLOW_RUN_ID"] = str(flow_run.id)
     stats = run_stage(stage, p, map_shards=map_with_prefect)
     try:
         report = validate_stage(stage, p)

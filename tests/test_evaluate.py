@@ -170,3 +170,14 @@ def test_task_metrics_on_a_real_task(lm, benchmarks_dir):
     assert select(10, 3, 1) == select(10, 3, 1) and len(select(10, 3, 1)) == 3 and select(10, None, 1) == list(range(10))
     lam = evaluate_task(scorer, TaskData("lambada", [{"text": "the cat sat on the mat"}] * 3, ("text",)), 0)
     assert [r["metric"] for r in lam] == ["acc", "perplexity"] and lam[1]["value"] > 1
+
+
+def test_generation_greedy_and_sampled(lm):
+    from tasks.evaluate.generate import generate
+    greedy = generate(lm, "The cat", 8)
+    assert greedy == generate(lm, "The cat", 8)
+    assert generate(lm, "The cat", 8, temperature=1.0, top_k=1) == greedy  # top-1 sampling is greedy
+    assert generate(lm, "The cat", 8, temperature=1.0, top_p=1e-6) == greedy  # so is the tiniest nucleus
+    a = [generate(lm, "The cat", 8, temperature=2.0, seed=s) for s in range(4)]
+    assert a == [generate(lm, "The cat", 8, temperature=2.0, seed=s) for s in range(4)] and len(set(a)) > 1
+    assert isinstance(generate(lm, "", 5), str)  # an empty prompt starts from <|endoftext|>

@@ -14,6 +14,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from tasks.core.errors import ConfigError
 from tasks.core.strict import Strict  # noqa: F401  (re-exported: every section derives from it)
+from tasks.evaluate.config import EvaluateParams
 from trainer.config import TrainStageParams
 
 
@@ -167,6 +168,7 @@ class PipelineParams(Strict):
     decontaminate: DecontamParams = DecontamParams()
     tokenize: TokenizeParams = TokenizeParams()
     train: TrainStageParams = TrainStageParams()
+    evaluate: EvaluateParams = EvaluateParams()
 
     @field_validator("runner")
     @classmethod

@@ -104,6 +104,8 @@ class Stage:
     suite: str | None = None  # module of its expectation suite (tasks.validation.<stage>)
     environment: Callable[[PipelineParams], ContextManager[dict]] = no_environment
     report: Callable[[dict], dict] | None = None  # stats.json additions from the merged totals
+    # its outputs cite the dvc.lock hashes of the stages before it: the pipeline records those first
+    cites_lineage: bool = False
 
     def __post_init__(self):
         names = [p.name for p in self.passes]

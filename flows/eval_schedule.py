@@ -1,0 +1,81 @@
+"""The `evaluate-checkpoints` flow: evaluates the training run's checkpoints that are not evaluated yet
+and appends them to the evaluation history (tasks/evaluate/history.py). prefect.yaml deploys it with a
+cron schedule, so new checkpoints are evaluated as training writes them; the UI can also run it.
+Its artifact: the history as a table and each task's accuracy against training tokens."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact
+
+from flows.plots import data_uri, history_png
+from flows.stages import DEFAULT_PARAMS, resolve
+from tasks.core.config import PipelineParams
+from tasks.core.errors import describe
+from tasks.evaluate import history as hist
+from tasks.evaluate import provenance
+
+
+def history_markdown(entries: list[dict], new: int) -> str:
+    lines = [f"## Evaluation history ({len(entries)} checkpoints, {new} new in this run)", ""]
+    keys = sorted({k for e in entries for k in e["metrics"] if k.endswith("/acc")})
+    lines += ["| step | tokens | " + " | ".join(k.removesuffix("/acc") for k in keys) + " |",
+              "|---" * (len(keys) + 2) + "|"]
+    for e in sorted(entries, key=lambda e: e["step"]):
+        lines.append(f"| {e['step']} | {e['tokens']:,} | " + " | ".join(
+            f"{e['metrics'][k]:.3f}" if k in e["metrics"] else "" for k in keys) + " |")
+    series: dict[str, list[tuple[float, float]]] = {}
+    for e in entries:
+        for k, v in e["metrics"].items():
+            task, shots, metric = k.split("/")
+            if metric == "acc" and shots == "0-shot":
+                series.setdefault(task, []).append((e["tokens"] or 0, v))
+    if series:
+        lines += ["", "### Zero-shot accuracy against training tokens", "",
+                  f"![accuracy]({data_uri(history_png('zero-shot accuracy per task', series))})"]
+    return "\n".join(lines)
+
+
+@flow(name="evaluate-checkpoints")
+def evaluate_checkpoints(params: PipelineParams = DEFAULT_PARAMS, params_file: str | None = None,
+                         checkpoints_dir: str = "data/train/work/checkpoints",
+                         history_dir: str = "data/evaluate/history") -> dict:
+    """Evaluate every checkpoint of the training run not evaluated yet (settings: params `evaluate`).
+
+    Args:
+        params: Every pipeline parameter; `evaluate` says which tasks and shots.
+        params_file: A params file to read instead of `params` (leave empty to use `params`).
+        checkpoints_dir: The training run's checkpoint folder (step-* folders).
+        history_dir: Where the per-checkpoint results and history.jsonl go.
+    """
+    from prefect.runtime import flow_run
+    p = resolve(params, params_file)
+    if flow_run.id:  # the results cite the flow run that made them
+        os.environ["PREFECT__FLOW_RUN_ID"] = str(flow_run.id)
+    data = Path(p.paths.data_dir)
+    tokenizer = data / "tokenize" / "tokenizer" / "tokenizer.json"
+    prov = provenance.collect(Path.cwd(), data, p.model_dump(mode="json"), {})
+    new = hist.evaluate_new(Path(checkpoints_dir), tokenizer, p.evaluate, Path(p.paths.benchmarks_dir),
+                            Path(history_dir), prov)
+    entries = hist.read_history(Path(history_dir))
+    get_run_logger().info("evaluated %d new checkpoint(s); history holds %d", len(new), len(entries))
+    create_markdown_artifact(key="evaluation-history", markdown=history_markdown(entries, len(new)),
+                             description="Every evaluated checkpoint of the training run")
+    return {"new": [e["checkpoint"] for e in new], "history": len(entries)}
+
+
+def main(argv: list[str]) -> int:
+    try:
+        print(evaluate_checkpoints(params_file=argv[0] if argv else "params.yaml"))
+    except Exception as e:  # noqa: BLE001
+        code, line = describe(e)
+        print(line, file=sys.stderr)
+        return code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,104 @@
+"""Recurring evaluation of a training run's checkpoints: each complete checkpoint not yet evaluated is
+evaluated once, its results written to history/<checkpoint>/ (atomically: a temp folder renamed), and
+one line appended to history.jsonl. Idempotent: a second pass evaluates nothing twice. A crash
+mid-way leaves no half result: the next pass redoes that checkpoint only. A checkpoint still being
+written (`*.partial`, or without its meta.json, which is written last) is never picked, and two
+passes never run at once (a lock file)."""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from tasks.core.errors import ConfigError
+from tasks.core.passes import atomic_write_text
+from tasks.evaluate.config import EvaluateParams
+from tasks.evaluate.run import RESULTS, run
+
+HISTORY = "history.jsonl"
+
+
+def checkpoint_key(folder: Path) -> str:
+    """The checkpoint's name and its meta.json's hash: another run's step-N is another checkpoint."""
+    return f"{folder.name}:{hashlib.sha256((folder / 'meta.json').read_bytes()).hexdigest()[:12]}"
+
+
+def complete_checkpoints(directory: Path) -> list[Path]:
+    if not Path(directory).is_dir():
+        return []
+    return sorted(p for p in Path(directory).glob("step-*")
+                  if p.is_dir() and not p.name.endswith(".partial") and (p / "meta.json").is_file())
+
+
+def read_history(history_dir: Path) -> list[dict]:
+    path = Path(history_dir) / HISTORY
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _append(history_dir: Path, entry: dict) -> None:
+    lines = read_history(history_dir) + [entry]
+    atomic_write_text(Path(history_dir) / HISTORY, "".join(json.dumps(x, sort_keys=True) + "\n" for x in lines))
+
+
+@contextmanager
+def _lock(history_dir: Path) -> Iterator[None]:
+    Path(history_dir).mkdir(parents=True, exist_ok=True)
+    with open(Path(history_dir) / ".lock", "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(f"another evaluation of {history_dir} is running") from None
+        yield
+
+
+def _entry(key: str, results: dict) -> dict:
+    ck = results["provenance"]["checkpoint"]
+    return {"checkpoint": key, "step": ck["step"], "tokens": ck["tokens"],
+            "results": f"{key.split(':')[0]}/{RESULTS}",
+            "metrics": {f"{r['task']}/{r['shots']}-shot/{r['metric']}": r["value"] for r in results["rows"]}}
+
+
+def evaluate_new(checkpoints_dir: Path, tokenizer: Path, cfg: EvaluateParams, benchmarks_dir: Path,
+                 history_dir: Path, provenance: dict) -> list[dict]:
+    """Evaluate every complete checkpoint not in the history; returns the new history entries."""
+    history_dir = Path(history_dir)
+    new = []
+    with _lock(history_dir):
+        done = {e["checkpoint"] for e in read_history(history_dir)}
+        for folder in complete_checkpoints(checkpoints_dir):
+            try:
+                key = checkpoint_key(folder)
+            except FileNotFoundError:  # pruned by the training run since it was listed
+                continue
+            if key in done:
+                continue
+            final = history_dir / folder.name
+            if (final / RESULTS).is_file() and json.loads((final / RESULTS).read_text(encoding="utf-8")).get("key") == key:
+                results = json.loads((final / RESULTS).read_text(encoding="utf-8"))  # evaluated, not yet listed
+            else:
+                tmp = history_dir / f".{folder.name}.partial"
+                shutil.rmtree(tmp, ignore_errors=True)
+                try:
+                    results = run(folder, tokenizer, cfg, benchmarks_dir, tmp, {**provenance, "key": key})
+                except (FileNotFoundError, ConfigError):
+                    if not folder.exists():  # pruned while being read: nothing to evaluate any more
+                        print(f"evaluate: {folder.name} was removed while being evaluated; skipped", file=sys.stderr)
+                        shutil.rmtree(tmp, ignore_errors=True)
+                        continue
+                    raise
+                results["key"] = key
+                atomic_write_text(tmp / RESULTS, json.dumps(results, indent=1) + "\n")
+                shutil.rmtree(final, ignore_errors=True)
+                os.replace(tmp, final)
+            entry = _entry(key, results)
+            _append(history_dir, entry)
+            new.append(entry)
+    return new

@@ -1,0 +1,93 @@
+"""Where an evaluation number came from: the code (git commit), the data (the dvc.lock hash of every
+data stage the model was trained on, and that stage's validation result and Data Docs page), the
+parameters (a hash of params.yaml's models), the checkpoint (step, tokens) and the Prefect flow run.
+
+    python -m tasks.evaluate.provenance data/evaluate/results/results.json [task] [metric]
+
+prints one number's lineage from a results file."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+DATA_STAGES = ("sample", "download", "extract", "filter", "dedup", "decontaminate", "tokenize", "train")
+
+
+def git_commit(root: Path) -> dict:
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "dirty": bool(status) if status is not None else None}
+
+
+def dvc_lock(root: Path, data_dir: Path) -> dict:
+    """stage -> {out path: md5} from dvc.lock (recorded by `dvc repro` and by the Prefect flows)."""
+    lock = root / "dvc.lock"
+    if not lock.is_file():
+        return {}
+    stages = (yaml.safe_load(lock.read_text(encoding="utf-8")) or {}).get("stages", {})
+    return {name: {o["path"]: o.get("md5") for o in st.get("outs", [])} for name, st in stages.items()
+            if name in DATA_STAGES}
+
+
+def validations(data_dir: Path) -> dict:
+    out = {}
+    for stage in DATA_STAGES:
+        stats = Path(data_dir) / stage / "stats.json"
+        if stats.is_file():
+            v = json.loads(stats.read_text(encoding="utf-8")).get("validation") or {}
+            out[stage] = {"success": v.get("success"), "data_docs": v.get("docs")}
+    return out
+
+
+def params_hash(dumped: dict) -> str:
+    return hashlib.sha256(json.dumps(dumped, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def collect(root: Path, data_dir: Path, params: dict, checkpoint: dict) -> dict:
+    return {"git": git_commit(root), "dvc_lock": dvc_lock(root, data_dir), "validation": validations(data_dir),
+            "params_sha256": params_hash(params), "checkpoint": checkpoint,
+            # Prefect sets it in a deployment's run process; the stage flows set it for in-process runs
+            "prefect_flow_run_id": os.environ.get("PREFECT__FLOW_RUN_ID")}
+
+
+def lineage(results: dict, task: str | None = None, metric: str | None = None) -> list[str]:
+    rows = [r for r in results["rows"] if (task is None or r["task"] == task) and (metric is None or r["metric"] == metric)]
+    prov = results["provenance"]
+    lines = [f"{r['task']} {r['shots']}-shot {r['metric']} = {r['value']:.4f} (n={r['n']})" for r in rows]
+    git = prov["git"]
+    lines.append(f"code: git {git['commit']}{' (uncommitted changes)' if git['dirty'] else ''}")
+    ck = prov["checkpoint"]
+    lines.append(f"model: {ck.get('path')} step {ck.get('step')}, {ck.get('tokens')} training tokens")
+    lines.append(f"params: sha256 {prov['params_sha256']}; Prefect flow run {prov['prefect_flow_run_id']}")
+    for stage, outs in prov["dvc_lock"].items():
+        v = prov["validation"].get(stage, {})
+        for path, md5 in outs.items():
+            lines.append(f"data: {stage} {path} md5 {md5}; validation "
+                         f"{'passed' if v.get('success') else 'not passed' if v else 'not recorded'}"
+                         f"{' ' + v['data_docs'] if v.get('data_docs') else ''}")
+    return lines
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__, file=sys.stderr)
+        return 2
+    results = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    print("\n".join(lineage(results, *(argv[1:3]))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

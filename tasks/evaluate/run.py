@@ -1,0 +1,92 @@
+"""One evaluation: a model (checkpoint or Hugging Face folder) on the configured tasks and shot
+settings, plus the generation samples, written as results.json (rows + provenance), metrics.json (DVC
+metrics) and report.md (MT-NLG Figure 3's table). Used by the `evaluate` stage and by the scheduled
+evaluation of new checkpoints alike."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from tasks.core.passes import atomic_write_text
+from tasks.evalsets.loaders import load_task
+from tasks.evaluate.config import EvaluateParams
+from tasks.evaluate.evaluator import evaluate_task
+from tasks.evaluate.generate import generate
+from tasks.evaluate.model_io import LoadedModel, load
+from tasks.evaluate.scoring import Scorer
+
+RESULTS, METRICS, REPORT = "results.json", "metrics.json", "report.md"
+PRIMARY = {"lambada": "acc"}  # Figure 3 reports accuracy for every task
+
+
+def _device(choice: str) -> str:
+    import torch
+    return ("cuda" if torch.cuda.is_available() else "cpu") if choice == "auto" else choice
+
+
+def evaluate_model(lm: LoadedModel, cfg: EvaluateParams, benchmarks_dir: Path) -> tuple[list[dict], list[dict]]:
+    """(metric rows, generations)."""
+    scorer = Scorer(lm, token_budget=cfg.token_budget, device=_device(cfg.device), progress=sys.stderr.isatty())
+    rows = []
+    for name in cfg.tasks:
+        shots = cfg.shot_counts(name)
+        task = load_task(name, benchmarks_dir, fewshot=any(shots))
+        for k in shots:
+            rows += evaluate_task(scorer, task, k, seed=cfg.seed, limit=cfg.limit)
+    g = cfg.generation
+    gens = [{"prompt": prompt,
+             "greedy": generate(lm, prompt, g.max_new_tokens),
+             "sampled": generate(lm, prompt, g.max_new_tokens, g.temperature, g.top_k, g.top_p, g.seed)}
+            for prompt in g.prompts]
+    return rows, gens
+
+
+def dvc_metrics(rows: list[dict]) -> dict:
+    out: dict = {}
+    for r in rows:
+        out.setdefault(r["task"], {}).setdefault(f"{r['shots']}-shot", {})[r["metric"]] = r["value"]
+    return out
+
+
+def figure3_table(rows: list[dict]) -> str:
+    """Accuracy per task (rows) and shot setting (columns: zero, one, few with its k), as MT-NLG's Figure 3."""
+    cell = {(r["task"], r["shots"]): r for r in rows if r["metric"] == PRIMARY.get(r["task"], "acc")}
+    columns = {0: "zero-shot", 1: "one-shot"}
+    settings = sorted({min(s, 2) for _, s in cell})
+    lines = ["| task | " + " | ".join(columns.get(s, "few-shot") for s in settings) + " |",
+             "|---" * (len(settings) + 1) + "|"]
+    for task in dict.fromkeys(t for t, _ in cell):
+        cells = []
+        for setting in settings:
+            r = next((r for (t, s), r in cell.items() if t == task and min(s, 2) == setting), None)
+            err = f" ± {r['stderr']:.3f}" if r and r.get("stderr") is not None else ""
+            k = f" (k={r['shots']})" if r and r["shots"] > 1 else ""
+            cells.append(f"{r['value']:.3f}{err}{k}" if r else "")
+        lines.append(f"| {task} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_results(out: Path, rows: list[dict], gens: list[dict], provenance: dict, seconds: float) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    results = {"rows": rows, "generations": gens, "provenance": provenance, "seconds": round(seconds, 3)}
+    atomic_write_text(out / RESULTS, json.dumps(results, indent=1) + "\n")
+    atomic_write_text(out / METRICS, json.dumps(dvc_metrics(rows), indent=1, sort_keys=True) + "\n")
+    ck = provenance.get("checkpoint", {})
+    md = [f"# Evaluation of {ck.get('path')} (step {ck.get('step')}, {ck.get('tokens')} tokens)", "",
+          figure3_table(rows), "", "## Generations", ""]
+    for g in gens:
+        md += [f"**Prompt:** `{g['prompt']!r}`", "", f"- greedy: `{g['greedy']!r}`", f"- sampled: `{g['sampled']!r}`", ""]
+    atomic_write_text(out / REPORT, "\n".join(md) + "\n")
+    return results
+
+
+def run(model: Path, tokenizer: Path | None, cfg: EvaluateParams, benchmarks_dir: Path, out: Path,
+        provenance: dict) -> dict:
+    start = time.perf_counter()
+    lm = load(model, tokenizer)
+    rows, gens = evaluate_model(lm, cfg, benchmarks_dir)
+    provenance = {**provenance, "checkpoint": {"path": str(model), "step": lm.step, "tokens": lm.tokens,
+                                               "source": lm.source}}
+    return write_results(out, rows, gens, provenance, time.perf_counter() - start)

@@ -1,0 +1,56 @@
+"""Stage `evaluate`: the train stage's final checkpoint on the MT-NLG tasks, as one declared global pass.
+  results (global)  scores every task in each shot setting (lm-evaluation-harness prompts and metrics),
+                    generates from the report's prompts, and writes data/evaluate/results/:
+                    results.json (rows + provenance), metrics.json (DVC metrics), report.md (Figure 3).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from tasks.core.config import PipelineParams
+from tasks.core.stage import Context, GlobalPass, Stage
+from tasks.evalsets.loaders import task_files
+
+NAME = "evaluate"
+
+
+def model_files(ctx: Context) -> tuple[Path, Path]:
+    data = Path(ctx.data_dir)
+    return data / "train" / "model" / "checkpoint", data / "tokenize" / "tokenizer" / "tokenizer.json"
+
+
+def _inputs(p: PipelineParams, ctx: Context) -> list[str]:
+    checkpoint, tokenizer = model_files(ctx)
+    return [*(str(f) for f in sorted(checkpoint.glob("*")) if f.is_file()), str(tokenizer),
+            *task_files(p.paths.benchmarks_dir)]
+
+
+def build_results(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
+    from tasks.evaluate import provenance
+    from tasks.evaluate.run import run
+    checkpoint, tokenizer = model_files(ctx)
+    prov = provenance.collect(Path.cwd(), Path(p.paths.data_dir), p.model_dump(mode="json"), {})
+    results = run(checkpoint, tokenizer, p.evaluate, Path(p.paths.benchmarks_dir), tmp, prov)
+    rows = results["rows"]
+    accuracy: dict = {}
+    for r in rows:
+        if r["metric"] == "acc":
+            setting = {0: "zero-shot", 1: "one-shot"}.get(r["shots"], "few-shot")
+            accuracy.setdefault(r["task"], {})[setting] = round(r["value"], 4)
+    return {"checkpoint_step": results["provenance"]["checkpoint"]["step"],
+            "checkpoint_tokens": results["provenance"]["checkpoint"]["tokens"],
+            "examples_scored": sum(r["n"] for r in rows if r["metric"] == "acc"),
+            "examples_skipped": sum(r["skipped"] for r in rows if r["metric"] == "acc"),
+            "accuracy": accuracy, "fewshot_k": {t: p.evaluate.fewshot_k[t] for t in p.evaluate.tasks
+                                                 if "few" in p.evaluate.shots},
+            "eval_seconds": results["seconds"]}
+
+
+STAGE = Stage(
+    name=NAME, section="evaluate", input=lambda p: p.evaluate.input_stage,
+    doc="Zero/one/few-shot accuracy of the trained model on the nine MT-NLG tasks (lm-eval prompts), with samples.",
+    passes=(GlobalPass("results", build=build_results, params=lambda p: p.evaluate.model_dump(mode="json"),
+                       inputs=_inputs),),
+    suite="tasks.validation.evaluate",
+    cites_lineage=True,
+)

@@ -1,0 +1,105 @@
+"""Recurring evaluation: new checkpoints evaluated once each, none half-written, a crash resumed; and the
+scheduled deployment from prefect.yaml run against a real Prefect server as the UI runs it."""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from safetensors.torch import save_file
+
+from tasks.core.errors import ConfigError
+from tasks.evaluate import history
+from tasks.evaluate.config import EvaluateParams
+from tasks.tokenize import tokenizer as tokenizers
+from tests.project_copy import copy_project
+from tests.test_prefect import BIN, api, run, server  # noqa: F401  (the server fixture)
+from trainer.config import ModelParams
+from trainer.model import GPT
+
+P = ModelParams(n_layer=1, n_head=2, d_model=32, seq_len=64, vocab_size=1024, fused_kernels=False)
+CFG = EvaluateParams(tasks=["boolq", "wic"], shots=["zero"], limit=4)
+
+
+def make_run(root: Path) -> tuple[Path, Path]:
+    """A tokenizer and a training run's checkpoint folder: two complete checkpoints and one being written."""
+    tok = tokenizers.train([["The cat sat on the mat. Is the sky blue? No."] * 50], vocab_size=300, min_frequency=1)
+    (root / "tokenizer").mkdir(parents=True)
+    tok.save(str(root / "tokenizer" / "tokenizer.json"))
+    ckpts = root / "checkpoints"
+    for step in (10, 20, 30):
+        folder = ckpts / (f"step-{step:08d}" + (".partial" if step == 30 else ""))
+        folder.mkdir(parents=True)
+        save_file({f"param/{n}": t.detach().contiguous() for n, t in GPT(P, seed=step).named_parameters()},
+                  str(folder / "stage-0.safetensors"))
+        meta = {"format": 1, "step": step, "consumed_tokens": step * 512, "consumed_samples": step * 8,
+                "adam_step": step, "model": P.model_dump(), "layout": {"tp": 1, "pp": 1, "dp": 1}}
+        if step != 30:  # meta.json is written last
+            (folder / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+    return ckpts, root / "tokenizer" / "tokenizer.json"
+
+
+def test_each_complete_checkpoint_is_evaluated_once(tmp_path, benchmarks_dir):
+    ckpts, tok = make_run(tmp_path)
+    out = tmp_path / "history"
+    new = history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, out, {})
+    assert [e["step"] for e in new] == [10, 20] and [e["tokens"] for e in new] == [5120, 10240]
+    assert set(new[0]["metrics"]) == {"boolq/0-shot/acc", "wic/0-shot/acc"}
+    assert history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, out, {}) == []  # nothing twice
+    assert len(history.read_history(out)) == 2 and (out / "step-00000020" / "results.json").is_file()
+    (ckpts / "step-00000030.partial" / "meta.json").write_text(
+        (ckpts / "step-00000020" / "meta.json").read_text().replace('"step": 20', '"step": 30'))
+    (ckpts / "step-00000030.partial").rename(ckpts / "step-00000030")  # the save completes
+    assert [e["step"] for e in history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, out, {})] == [30]
+
+
+def test_a_crash_mid_way_resumes_with_the_next_checkpoint(tmp_path, benchmarks_dir, monkeypatch):
+    ckpts, tok = make_run(tmp_path)
+    out = tmp_path / "history"
+    real = history.run
+
+    def crash_on_second(folder, *args):
+        if folder.name == "step-00000020":
+            raise RuntimeError("killed")
+        return real(folder, *args)
+    monkeypatch.setattr(history, "run", crash_on_second)
+    with pytest.raises(RuntimeError):
+        history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, out, {})
+    assert [e["step"] for e in history.read_history(out)] == [10] and not (out / "step-00000020").exists()
+    monkeypatch.setattr(history, "run", real)
+    assert [e["step"] for e in history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, out, {})] == [20]
+
+
+def test_two_passes_never_run_at_once(tmp_path, benchmarks_dir):
+    ckpts, tok = make_run(tmp_path)
+    with history._lock(tmp_path / "history"):
+        with pytest.raises(ConfigError, match="another evaluation of .* is running"):
+            history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, tmp_path / "history", {})
+
+
+def test_scheduled_deployment_runs_on_a_server(server, tmp_path):  # noqa: F811
+    repo = copy_project(tmp_path / "repo", evaluate={"tasks": ["boolq", "hans"], "shots": ["zero"], "limit": 4})
+    make_run(repo / "data" / "tmp")
+    (repo / "data" / "tokenize").mkdir(parents=True)
+    (repo / "data" / "tmp" / "tokenizer").rename(repo / "data" / "tokenize" / "tokenizer")
+    (repo / "data" / "train" / "work").mkdir(parents=True)
+    (repo / "data" / "tmp" / "checkpoints").rename(repo / "data" / "train" / "work" / "checkpoints")
+    prefect = str(BIN / "prefect")
+    run([prefect, "work-pool", "create", "local-process", "--type", "process", "--overwrite"], repo, server)
+    run([prefect, "--no-prompt", "deploy", "--all"], repo, {**server, "PWD": str(repo)})
+    dep = api(server, "/deployments/name/evaluate-checkpoints/recurring")
+    schedules = api(server, f"/deployments/{dep['id']}/schedules")
+    assert [s["schedule"]["cron"] for s in schedules] == ["*/30 * * * *"] and all(s["active"] for s in schedules)
+    for expected_new in (2, 0):  # the second run finds nothing new: idempotent
+        flow_run = api(server, f"/deployments/{dep['id']}/create_flow_run", {})  # what the UI's Run button posts
+        run([prefect, "worker", "start", "--pool", "local-process", "--run-once"], repo, server)
+        assert api(server, f"/flow_runs/{flow_run['id']}")["state_type"] == "COMPLETED"
+        lines = (repo / "data/evaluate/history/history.jsonl").read_text().splitlines()
+        assert [json.loads(x)["step"] for x in lines] == [10, 20]
+    arts = api(server, "/artifacts/filter", {"artifacts": {"key": {"any_": ["evaluation-history"]}}})
+    assert any("2 checkpoints, 0 new" in a["data"] and "| boolq/0-shot | hans/0-shot |" in a["data"] for a in arts)
+    results = json.loads((repo / "data/evaluate/history/step-00000010/results.json").read_text())
+    assert re.fullmatch(r"[0-9a-f-]{36}", results["provenance"]["prefect_flow_run_id"] or "")
