@@ -27,7 +27,7 @@ from pathlib import Path
 from tasks.evalsets.loaders import TASK_NAMES, load_task
 from tasks.evaluate.evaluator import evaluate_task, select
 from tasks.evaluate.model_io import load
-from tasks.evaluate.prompts import render
+from tasks.evalsets.prompts import render
 from tasks.evaluate.scoring import Scorer
 
 SEED = 1234

@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 
 from tasks.evalsets.loaders import TaskData
-from tasks.evaluate.prompts import race_articles, wic_word
+from tasks.evalsets.prompts import race_articles, wic_word
 
 LMEVAL_YAML = {  # our task -> lm-eval's YAML (relative to lm_eval/tasks) and its split names
     "lambada": "lambada/lambada_openai.yaml", "boolq": "super_glue/boolq/default.yaml",

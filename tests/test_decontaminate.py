@@ -101,6 +101,21 @@ def test_short_task_texts_match_whole_down_to_min_n(tmp_path, bench):
     assert stats["tasks"]["hans"]["texts_too_short"] == 1 and stats["tasks"]["hans"]["short_texts"] == 1
 
 
+def test_a_passage_spanning_two_short_fields_is_found(tmp_path, bench):
+    """HANS premise (6 words) + hypothesis (3 words): neither field is an entry, but the example as the
+    evaluator renders it is (both raw and in its prompt format), so a copy of the pair is found."""
+    header = (bench / "hans/heuristics_evaluation_set.txt").read_text().splitlines()[0]
+    (bench / "hans/heuristics_evaluation_set.txt").write_text(
+        header + "\nentailment\t\t\t\t\tThe doctor near the actor danced .\tThe actor danced .\tex0\tlexical_overlap\t\t\n")
+    stats, out = run(tmp_path, bench, [
+        doc(0, FILLER * 3 + "The doctor near the actor danced. The actor danced. " + FILLER * 3),
+        doc(1, FILLER * 3 + "The doctor near the actor danced .\nQuestion: The actor danced . True or False?\n"
+                            "Answer: True\n\n" + FILLER * 3),
+        doc(2, FILLER * 3 + "The doctor near the actor danced. " + FILLER * 3)])
+    assert all("doctor" not in " ".join(out[d]) for d in ("d0", "d1"))
+    assert "doctor" in " ".join(out["d2"])  # the premise alone is 6 words: not an entry
+
+
 @pytest.mark.parametrize("text", ["x", "!!! ... ??? — «» …", "one two three", "\u00a0\u2003 \t\n",
                                   "混合 scripts Кириллица ελληνικά 日本語のテキスト"])
 def test_short_and_odd_documents_pass_unchanged(tmp_path, bench, text):

@@ -12,7 +12,8 @@ from safetensors.torch import save_file
 
 from tasks.core.errors import ConfigError, InputFileError
 from tasks.evalsets.loaders import TaskData, TaskFileError, load_task
-from tasks.evaluate import model_io, prompts
+from tasks.evalsets import prompts
+from tasks.evaluate import model_io
 from tasks.evaluate.evaluator import evaluate_task, select
 from tasks.evaluate.scoring import Scorer
 from tasks.tokenize import tokenizer as tokenizers

@@ -40,18 +40,33 @@ class TaskFileError(InputFileError):
 class TaskData:
     name: str
     examples: list[dict]
-    # Fields whose text must not appear in training data (GPT-3 App. C: the evaluation text).
+    # The example's own text fields (GPT-3 App. C: the evaluation text that must not leak into training)
     decontam_fields: tuple[str, ...]
     fewshot: list[dict] | None = field(default=None, repr=False)
 
     def decontam_texts(self) -> Iterator[str]:
+        """What decontamination indexes, so that it and the evaluator agree on what the task's text is:
+        each rendered example exactly as the evaluator scores it (context plus gold continuation,
+        tasks/evalsets/prompts.py), the same example without the prompt's template words (its fields
+        in prompt order with the gold answer: a passage copied across two fields, e.g. HANS premise +
+        hypothesis or PiQA goal + solution, is found even when each field is short), and each field
+        alone (a field of 8-12 words copied by itself is still a whole-text match)."""
+        from tasks.evalsets.prompts import render
         seen: set[str] = set()
+
+        def new(t: str) -> bool:
+            if t and t not in seen:  # RACE repeats one article per question
+                seen.add(t)
+                return True
+            return False
+        for doc in render(self, fewshot_pool=False)[0]:
+            for t in (doc.shot, doc.content):
+                if new(t):
+                    yield t
         for ex in self.examples:
             for f in self.decontam_fields:
-                t = ex.get(f)
-                if t and t not in seen:  # RACE repeats one article per question
-                    seen.add(t)
-                    yield t
+                if isinstance(ex.get(f), str) and new(ex[f]):
+                    yield ex[f]
 
 
 def _err(task: str, path: Path, why: str) -> TaskFileError:

@@ -14,7 +14,7 @@ import random
 import statistics
 
 from tasks.evalsets.loaders import TaskData
-from tasks.evaluate.prompts import fewshot_prefixes, render
+from tasks.evalsets.prompts import fewshot_prefixes, render
 from tasks.evaluate.scoring import Scorer
 
 METRICS = {"lambada": ("acc", "perplexity"), "piqa": ("acc", "acc_norm"), "hellaswag": ("acc", "acc_norm")}

@@ -40,6 +40,7 @@ class Doc:
     gold: int
     choices: tuple[str, ...]        # the choice texts: acc_norm divides by their length in characters
     shot: str                       # this example solved, as a few-shot demonstration
+    content: str = ""               # its own text in prompt order, without the template (decontamination)
 
     @property
     def n_choices(self) -> int:
@@ -52,21 +53,22 @@ class Doc:
         return [(prefix + c, t) for c, t in zip(ctx, cont)]
 
 
-def _choice_doc(context: str, choices: list[str], gold: int) -> Doc:
+def _choice_doc(context: str, choices: list[str], gold: int, content: str) -> Doc:
     return Doc((context,), tuple(TARGET_DELIMITER + c for c in choices), gold, tuple(choices),
-               context + TARGET_DELIMITER + choices[gold])
+               context + TARGET_DELIMITER + choices[gold], content)
 
 
 def lambada(ex: dict) -> Doc:
     words = ex["text"].split(" ")
     context, target = " ".join(words[:-1]), " " + words[-1]
     # lm-eval's LAMBADA target already starts with a space and its shots add the delimiter too
-    return Doc((context,), (target,), 0, (target,), context + TARGET_DELIMITER + target)
+    return Doc((context,), (target,), 0, (target,), context + TARGET_DELIMITER + target, ex["text"])
 
 
 def boolq(ex: dict) -> Doc:
     passage = f"{ex['title']} -- {ex['passage']}" if ex.get("title") else ex["passage"]
-    return _choice_doc(f"{passage}\nQuestion: {ex['question']}?\nAnswer:", ["no", "yes"], int(ex["label"]))
+    return _choice_doc(f"{passage}\nQuestion: {ex['question']}?\nAnswer:", ["no", "yes"], int(ex["label"]),
+                       f"{passage} {ex['question']}")
 
 
 def race_articles(examples: list[dict]) -> list[list[dict]]:
@@ -82,6 +84,7 @@ def race_articles(examples: list[dict]) -> list[list[dict]]:
 
 def race(problems: list[dict]) -> Doc:
     text = "Article: " + problems[0]["article"] + "\n\n"
+    content = [problems[0]["article"]] + [x for p in problems for x in (p["question"], p["options"][p["label"]])]
     for p in problems[:-1]:
         answer = p["options"][p["label"]]
         if p["question"][-6:] == "  _  .":
@@ -89,11 +92,12 @@ def race(problems: list[dict]) -> Doc:
         else:
             text += "Question: " + p["question"] + "\n" + "Answer: " + answer + "\n"
     last = problems[-1]
-    return _choice_doc(text + last["question"], list(last["options"]), last["label"])
+    return _choice_doc(text + last["question"], list(last["options"]), last["label"], " ".join(content))
 
 
 def piqa(ex: dict) -> Doc:
-    return _choice_doc(f"Question: {ex['goal']}\nAnswer:", [ex["sol1"], ex["sol2"]], int(ex["label"]))
+    sols = [ex["sol1"], ex["sol2"]]
+    return _choice_doc(f"Question: {ex['goal']}\nAnswer:", sols, int(ex["label"]), f"{ex['goal']} {sols[int(ex['label'])]}")
 
 
 def _hellaswag_clean(text: str) -> str:
@@ -103,7 +107,8 @@ def _hellaswag_clean(text: str) -> str:
 
 def hellaswag(ex: dict) -> Doc:
     query = _hellaswag_clean(ex["activity_label"] + ": " + ex["ctx_a"] + " " + ex["ctx_b"].capitalize())
-    return _choice_doc(query, [_hellaswag_clean(e) for e in ex["endings"]], int(ex["label"]))
+    endings = [_hellaswag_clean(e) for e in ex["endings"]]
+    return _choice_doc(query, endings, int(ex["label"]), f"{query} {endings[int(ex['label'])]}")
 
 
 def winogrande(ex: dict) -> Doc:
@@ -112,17 +117,18 @@ def winogrande(ex: dict) -> Doc:
     contexts = (s[:i] + ex["option1"], s[:i] + ex["option2"])
     target = s[i + 1:].strip()
     gold = int(ex["label"]) if "label" in ex else int(ex["answer"]) - 1
-    return Doc(contexts, (TARGET_DELIMITER + target,), gold, contexts, contexts[gold] + TARGET_DELIMITER + target)
+    filled = contexts[gold] + TARGET_DELIMITER + target
+    return Doc(contexts, (TARGET_DELIMITER + target,), gold, contexts, filled, filled)
 
 
 def anli(ex: dict) -> Doc:
     return _choice_doc(f"{ex['context']}\nQuestion: {ex['hypothesis']} True, False, or Neither?\nAnswer:",
-                       ["True", "Neither", "False"], "enc".index(ex["label"]))
+                       ["True", "Neither", "False"], "enc".index(ex["label"]), f"{ex['context']} {ex['hypothesis']}")
 
 
 def hans(ex: dict) -> Doc:
     return _choice_doc(f"{ex['sentence1']}\nQuestion: {ex['sentence2']} True or False?\nAnswer:",
-                       ["True", "False"], 0 if ex["label"] else 1)
+                       ["True", "False"], 0 if ex["label"] else 1, f"{ex['sentence1']} {ex['sentence2']}")
 
 
 def wic_word(ex: dict) -> str:
@@ -134,22 +140,25 @@ def wic_word(ex: dict) -> str:
 def wic(ex: dict) -> Doc:
     return _choice_doc(f"Sentence 1: {ex['sentence1']}\nSentence 2: {ex['sentence2']}\nQuestion: Is the word "
                        f"'{wic_word(ex)}' used in the same way in the two sentences above?\nAnswer:",
-                       ["no", "yes"], int(ex["label"]))
+                       ["no", "yes"], int(ex["label"]), f"{ex['sentence1']} {ex['sentence2']}")
 
 
 RENDER = {"lambada": lambada, "boolq": boolq, "race_h": race, "piqa": piqa, "hellaswag": hellaswag,
           "winogrande": winogrande, "anli_r2": anli, "hans": hans, "wic": wic}
 
 
-def render(task: TaskData) -> tuple[list[Doc], list[Doc] | None]:
+def render(task: TaskData, fewshot_pool: bool = True) -> tuple[list[Doc], list[Doc] | None]:
     """The task's scored docs and its few-shot pool (None: shots come from the scored docs themselves)."""
     fn = RENDER[task.name]
+    pool = None
     if task.name == "race_h":
         docs = [race(g) for g in race_articles(task.examples)]
-        pool = [race(g) for g in race_articles(task.fewshot)] if task.fewshot else None
+        if fewshot_pool and task.fewshot:
+            pool = [race(g) for g in race_articles(task.fewshot)]
     else:
         docs = [fn(ex) for ex in task.examples]
-        pool = [fn(ex) for ex in task.fewshot] if task.fewshot else None
+        if fewshot_pool and task.fewshot:
+            pool = [fn(ex) for ex in task.fewshot]
     return docs, pool
 
 
