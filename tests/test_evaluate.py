@@ -72,7 +72,7 @@ def test_fewshot_prefixes_are_seeded_and_never_the_doc_itself():
     assert a == prompts.fewshot_prefixes(list(range(6)), docs, None, 2, seed=7)
     for i, prefix in enumerate(a):
         assert prefix.endswith("\n\n") and prefix.count("Answer: True") == 2 and f"S{i}." not in prefix
-    with pytest.raises(ValueError, match="3-shot needs 3 few-shot examples, the few-shot split has 2"):
+    with pytest.raises(ConfigError, match="3-shot needs 3 few-shot examples, the few-shot split has 2"):
         prompts.fewshot_prefixes([0], docs[:1], docs[1:3], 3, seed=7)
 
 
@@ -169,6 +169,8 @@ def test_task_metrics_on_a_real_task(lm, benchmarks_dir):
     one = evaluate_task(scorer, task, 1, limit=5)
     assert one[0]["shots"] == 1 and one[0]["n"] + one[0]["skipped"] == 5
     assert select(10, 3, 1) == select(10, 3, 1) and len(select(10, 3, 1)) == 3 and select(10, None, 1) == list(range(10))
+    with pytest.raises(ConfigError, match="task piqa: 20000-shot needs 20000 few-shot examples"):
+        evaluate_task(scorer, task, 20000, limit=2)
     lam = evaluate_task(scorer, TaskData("lambada", [{"text": "the cat sat on the mat"}] * 3, ("text",)), 0)
     assert [r["metric"] for r in lam] == ["acc", "perplexity"] and lam[1]["value"] > 1
 

@@ -25,6 +25,7 @@ import random
 import re
 from dataclasses import dataclass
 
+from tasks.core.errors import ConfigError
 from tasks.evalsets.loaders import TaskData
 
 SHOT_SEPARATOR = "\n\n"   # lm-eval's fewshot_delimiter
@@ -171,7 +172,7 @@ def fewshot_prefixes(indices: list[int], docs: list[Doc], pool: list[Doc] | None
     own = pool is None
     source = docs if own else pool
     if len(source) - own < k:
-        raise ValueError(f"{k}-shot needs {k} few-shot examples, the few-shot split has {len(source) - own}")
+        raise ConfigError(f"{k}-shot needs {k} few-shot examples, the few-shot split has {len(source) - own}")
     rng = random.Random(seed)
     out = []
     for i in indices:

@@ -13,6 +13,7 @@ import math
 import random
 import statistics
 
+from tasks.core.errors import ConfigError
 from tasks.evalsets.loaders import TaskData
 from tasks.evalsets.prompts import fewshot_prefixes, render
 from tasks.evaluate.scoring import Scorer
@@ -41,7 +42,10 @@ def evaluate_task(scorer: Scorer, task: TaskData, shots: int, seed: int = 1234,
     """Rows of (task, shots, metric, value, stderr, n)."""
     docs, pool = render(task)
     indices = select(len(docs), limit, seed)
-    prefixes = fewshot_prefixes(indices, docs, pool, shots, seed)
+    try:
+        prefixes = fewshot_prefixes(indices, docs, pool, shots, seed)
+    except ConfigError as e:
+        raise ConfigError(f"task {task.name}: {e}") from None
     scored = scorer.score([docs[i].pairs(p) for i, p in zip(indices, prefixes)], desc=f"{task.name} {shots}-shot")
     per_doc: dict[str, list[float]] = {m: [] for m in ("acc", "acc_norm", "loglik")}
     skipped = 0
@@ -64,7 +68,7 @@ def evaluate_task(scorer: Scorer, task: TaskData, shots: int, seed: int = 1234,
     rows = []
     n = len(indices) - skipped
     if n == 0:
-        raise ValueError(f"task {task.name}: no doc fits the model's {scorer.window}-token window")
+        raise ConfigError(f"task {task.name}: no doc fits the model's {scorer.window}-token window")
     for metric in metrics_of(task.name):
         if metric == "perplexity":
             ll = per_doc["loglik"]

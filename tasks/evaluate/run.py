@@ -90,3 +90,34 @@ def run(model: Path, tokenizer: Path | None, cfg: EvaluateParams, benchmarks_dir
     provenance = {**provenance, "checkpoint": {"path": str(model), "step": lm.step, "tokens": lm.tokens,
                                                "source": lm.source}}
     return write_results(out, rows, gens, provenance, time.perf_counter() - start)
+
+
+def main(argv: list[str]) -> int:
+    """python -m tasks.evaluate.run MODEL [--tokenizer tokenizer.json] [--out DIR] [--params params.yaml]:
+    evaluate any checkpoint or Hugging Face GPT-2 folder with params.yaml's `evaluate` settings."""
+    import argparse
+
+    from tasks.core.config import load_params
+    from tasks.core.errors import describe
+    from tasks.evaluate import provenance
+    ap = argparse.ArgumentParser(description="Evaluate a checkpoint or a Hugging Face GPT-2 folder on the MT-NLG tasks")
+    ap.add_argument("model", type=Path)
+    ap.add_argument("--tokenizer", type=Path, default=None, help="a checkpoint's tokenizer.json")
+    ap.add_argument("--out", type=Path, default=Path("data/evaluate/adhoc"))
+    ap.add_argument("--params", default="params.yaml")
+    args = ap.parse_args(argv)
+    try:
+        p = load_params(args.params)
+        prov = provenance.collect(Path.cwd(), Path(p.paths.data_dir), p.model_dump(mode="json"), {})
+        results = run(args.model, args.tokenizer, p.evaluate, Path(p.paths.benchmarks_dir), args.out, prov)
+    except Exception as e:  # noqa: BLE001
+        code, line = describe(e)
+        print(line, file=sys.stderr)
+        return code
+    print(figure3_table(results["rows"]))
+    print(f"results: {args.out / RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
