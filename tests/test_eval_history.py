@@ -103,3 +103,13 @@ def test_scheduled_deployment_runs_on_a_server(server, tmp_path):  # noqa: F811
     assert any("2 checkpoints, 0 new" in a["data"] and "| boolq/0-shot | hans/0-shot |" in a["data"] for a in arts)
     results = json.loads((repo / "data/evaluate/history/step-00000010/results.json").read_text())
     assert re.fullmatch(r"[0-9a-f-]{36}", results["provenance"]["prefect_flow_run_id"] or "")
+
+
+def test_a_checkpoint_whose_tensors_are_of_another_config_is_refused(tmp_path, benchmarks_dir):
+    ckpts, tok = make_run(tmp_path)
+    meta = json.loads((ckpts / "step-00000010" / "meta.json").read_text())
+    meta["model"]["d_model"] = 64  # the config says one model, the tensors are another
+    (ckpts / "step-00000010" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ConfigError, match=r"tensor wte.weight: shape \(1024, 32\) in the file, \(1024, 64\) in the model"):
+        history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, tmp_path / "history", {})
+    assert history.read_history(tmp_path / "history") == []
