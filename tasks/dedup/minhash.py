@@ -1,0 +1,88 @@
+"""MinHash signatures of many documents per call, bit-identical to datasketch's
+`MinHash(num_perm, seed, hashfunc=shingle_hash32)` with its default `affine32` scheme.
+
+Shingles are word n-grams (default 5) of the normalised text (lowercase, punctuation removed, split on
+whitespace: decontamination's normalisation, so both stages see the same words). A shingle's 32-bit
+hash is the low half of decontamination's 64-bit n-gram hash (a murmur finaliser over the words'
+hashes), computed in bulk with numpy for a whole batch of documents at once. A document with fewer
+words than the shingle size is one shingle of all its words (two identical short documents still
+match); a document without words has no shingle and the empty signature (every value 2**32 - 1).
+
+datasketch's affine32 scheme, compiled (numba; one pass, no [shingles, num_perm] block): each shingle hash h is pre-mixed by the 32-bit MurmurHash3
+finaliser, then permutation k maps it to a_k * h + b_k mod 2**32 (a_k odd; a_k, b_k drawn from
+numpy's RandomState(seed) as datasketch draws them); the signature is the minimum per permutation.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from tasks.decontaminate.ngram_index import DOC_SEP, normalize, window_hashes, word_hashes
+
+EMPTY = np.uint32(0xFFFFFFFF)
+_F1, _F2 = np.uint32(0x85EBCA6B), np.uint32(0xC2B2AE35)
+
+
+def permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """datasketch's affine32 (a, b): a odd, both uint32, drawn in that order from RandomState(seed)."""
+    gen = np.random.RandomState(seed)
+    a = gen.randint(0, 1 << 31, num_perm, dtype=np.uint32) * np.uint32(2) + np.uint32(1)
+    b = gen.randint(0, 1 << 32, num_perm, dtype=np.uint32)
+    return a, b
+
+
+def fmix32(h: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        h = h ^ (h >> np.uint32(16))
+        h = h * _F1
+        h = h ^ (h >> np.uint32(13))
+        h = h * _F2
+        return h ^ (h >> np.uint32(16))
+
+
+def shingle_hashes(texts: list[str], n: int = 5) -> tuple[np.ndarray, np.ndarray]:
+    """(uint32 hash of every shingle of every document, the index of each document's first shingle,
+    one more entry at the end). Documents are normalised and hashed in one numpy pass."""
+    words = [normalize(t).replace(DOC_SEP, " ") for t in texts]
+    h64 = word_hashes(f" {DOC_SEP} ".join(words) if words else "")
+    # the separator normalises to a word of its own: its hash marks the document boundaries
+    sep = word_hashes(DOC_SEP)[0]
+    is_sep = h64 == sep
+    doc_of_word = np.cumsum(is_sep)[~is_sep]
+    h64 = h64[~is_sep]
+    counts = np.bincount(doc_of_word, minlength=len(texts))
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    out, offsets = [], [0]
+    full = window_hashes(h64, n) if len(h64) >= n else np.empty(0, np.uint64)
+    for d in range(len(texts)):
+        lo, hi = starts[d], starts[d + 1]
+        if hi - lo >= n:
+            part = full[lo:hi - n + 1]
+        elif hi > lo:  # shorter than a shingle: the whole document is one shingle
+            part = window_hashes(h64[lo:hi], int(hi - lo))
+        else:
+            part = np.empty(0, np.uint64)
+        out.append(part)
+        offsets.append(offsets[-1] + len(part))
+    hashes = np.concatenate(out) if out else np.empty(0, np.uint64)
+    return (hashes & np.uint64(0xFFFFFFFF)).astype(np.uint32), np.asarray(offsets, dtype=np.int64)
+
+
+@numba.njit(cache=True, nogil=True)
+def _min_permuted(mixed, offsets, a, b, out):  # pragma: no cover - compiled
+    """out[d, k] = min over document d's shingles h of a[k] * h + b[k] (uint32, wrapping)."""
+    for d in range(len(offsets) - 1):
+        row = out[d]
+        for s in range(offsets[d], offsets[d + 1]):
+            h = mixed[s]
+            for k in range(len(a)):  # branch-free and in uint32 so it vectorises (SIMD)
+                row[k] = min(row[k], numba.uint32(numba.uint32(a[k] * h) + b[k]))
+
+
+def signatures(texts: list[str], num_perm: int = 128, seed: int = 1, n: int = 5) -> np.ndarray:
+    """[documents, num_perm] uint32 MinHash signatures."""
+    a, b = permutations(num_perm, seed)
+    hashes, offsets = shingle_hashes(texts, n)
+    sig = np.full((len(texts), num_perm), EMPTY, dtype=np.uint32)
+    _min_permuted(fmix32(hashes), offsets, a, b, sig)
+    return sig

@@ -1,0 +1,60 @@
+"""LSH bands as datasketch derives them; band keys; components against scipy; MT-NLG's priority rule."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from datasketch.lsh import _optimal_param
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
+
+from tasks.dedup.components import components, representatives
+from tasks.dedup.lsh import band_keys, optimal_bands
+from tasks.dedup.minhash import signatures
+
+
+@pytest.mark.parametrize("threshold,num_perm", [(0.8, 128), (0.9, 128), (0.5, 64), (0.7, 256)])
+def test_bands_and_rows_are_datasketchs(threshold, num_perm):
+    assert optimal_bands(threshold, num_perm) == _optimal_param(threshold, num_perm, 0.5, 0.5)
+
+
+def test_band_keys_collide_exactly_on_equal_bands():
+    docs = ["the quick brown fox jumps over the lazy dog " * 5, "the quick brown fox jumps over the lazy dog " * 5,
+            "the quick brown fox jumps over the lazy cat " * 5, "something else entirely, nothing alike at all here"]
+    sig = signatures(docs, num_perm=128)
+    keys = band_keys(sig, 16, 8)
+    assert keys.shape == (4, 16) and (keys[0] == keys[1]).all() and not (keys[0] == keys[3]).any()
+    for band in range(16):  # a key is equal exactly when the band's values are
+        same = (sig[0, band * 8:(band + 1) * 8] == sig[2, band * 8:(band + 1) * 8]).all()
+        assert same == (keys[0, band] == keys[2, band])
+    assert len(set(band_keys(np.zeros((1, 128), np.uint32), 16, 8)[0])) == 16  # the band index is mixed in
+    with pytest.raises(ValueError, match="need 136 permutations"):
+        band_keys(sig, 17, 8)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_components_match_scipy(seed):
+    rng = np.random.default_rng(seed)
+    n = 2000
+    edges = rng.integers(0, n, size=(rng.integers(0, 2500), 2))
+    labels = components(n, edges)
+    graph = coo_matrix((np.ones(len(edges)), (edges[:, 0], edges[:, 1])), shape=(n, n))
+    count, ref = connected_components(graph, directed=False)
+    assert len(np.unique(labels)) == count
+    pairs = {(a, b) for a, b in zip(labels, ref)}
+    assert len(pairs) == count  # the same partition
+    assert all(labels[i] <= i for i in range(n)) and (labels[labels] == labels).all()  # label = smallest member
+
+
+def test_a_long_chain_and_no_edges():
+    n = 100_000
+    chain = np.stack([np.arange(n - 1), np.arange(1, n)], axis=1)[::-1]
+    assert (components(n, chain) == 0).all()
+    assert (components(5, np.empty((0, 2), np.int64)) == np.arange(5)).all()
+
+
+def test_the_highest_priority_dataset_keeps_its_copy_then_the_smallest_id():
+    labels = np.array([0, 0, 0, 3, 3, 5])
+    priority = np.array([2, 0, 0, 1, 1, 0])  # 0 = highest quality
+    ids = ["cc/9", "wiki/b", "wiki/a", "books/2", "books/1", "alone"]
+    keep = representatives(labels, priority, ids)
+    assert keep.tolist() == [2, 2, 2, 4, 4, 5]

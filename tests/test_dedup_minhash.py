@@ -1,0 +1,62 @@
+"""MinHash signatures: bit-identical to datasketch (affine32) with the same 32-bit shingle hash, here
+recomputed in pure Python from the shingle's bytes, independent of the vectorised numpy path."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from datasketch import MinHash
+
+from tasks.decontaminate.ngram_index import normalize
+from tasks.dedup.minhash import EMPTY, signatures
+
+MASK = (1 << 64) - 1
+P, B = 0x100000001B3, 0x9E3779B97F4A7C15
+
+
+def fmix64(h: int) -> int:
+    h ^= h >> 33
+    h = h * 0xFF51AFD7ED558CCD & MASK
+    h ^= h >> 33
+    h = h * 0xC4CEB9FE1A85EC53 & MASK
+    return h ^ (h >> 33)
+
+
+def shingle_hash32(shingle: bytes) -> int:
+    """Reference: each word sum((byte + 1) * P**k) then fmix64; the window folds them with B."""
+    words = [fmix64(sum((c + 1) * pow(P, k, 1 << 64) for k, c in enumerate(w)) & MASK) for w in shingle.split(b" ")]
+    acc = 0
+    for h in words:
+        acc = (acc * B + h) & MASK
+    return fmix64((acc * B + len(words)) & MASK) & 0xFFFFFFFF
+
+
+def shingles(text: str, n: int) -> list[bytes]:
+    w = normalize(text).split()
+    if 0 < len(w) < n:
+        return [" ".join(w).encode()]
+    return [" ".join(w[i:i + n]).encode() for i in range(len(w) - n + 1)]
+
+
+def documents(rng: random.Random, count: int) -> list[str]:
+    vocab = ["the", "Cat", "sat,", "on", "mat.", "naïve", "Über", "日本語", "x", "—", "dog's", "42", "ελληνικά"]
+    docs = [" ".join(rng.choice(vocab) for _ in range(rng.randint(0, 60))) for _ in range(count)]
+    return docs + ["", "   ", "!!! ...", "one two", "word " * 200]
+
+
+@pytest.mark.parametrize("num_perm,seed,n", [(128, 1, 5), (64, 7, 3), (16, 123, 1)])
+def test_signatures_equal_datasketch(num_perm, seed, n):
+    docs = documents(random.Random(seed), 60)
+    ours = signatures(docs, num_perm=num_perm, seed=seed, n=n)
+    for text, row in zip(docs, ours):
+        ref = MinHash(num_perm=num_perm, seed=seed, hashfunc=shingle_hash32)
+        ref.update_batch(shingles(text, n))
+        assert np.array_equal(row, ref.hashvalues), text
+
+
+def test_empty_short_and_repeated_documents():
+    sig = signatures(["", "!!!", "two words", "two words", "word " * 1000, "word " * 10], num_perm=32)
+    assert (sig[0] == EMPTY).all() and (sig[1] == EMPTY).all()      # no words: the empty signature
+    assert np.array_equal(sig[2], sig[3]) and not (sig[2] == EMPTY).all()  # short: one whole-text shingle
+    assert np.array_equal(sig[4], sig[5])  # one repeated word: the same single shingle, any length
