@@ -60,3 +60,10 @@ def test_empty_short_and_repeated_documents():
     assert (sig[0] == EMPTY).all() and (sig[1] == EMPTY).all()      # no words: the empty signature
     assert np.array_equal(sig[2], sig[3]) and not (sig[2] == EMPTY).all()  # short: one whole-text shingle
     assert np.array_equal(sig[4], sig[5])  # one repeated word: the same single shingle, any length
+
+
+def test_word_hashes_are_decontaminations():
+    from tasks.decontaminate import ngram_index
+    from tasks.dedup.minhash import word_hashes
+    for text in ["", "  ", "a", "the cat\tsat\n\non  the mat ", "naïve Über 日本語 ελληνικά x" * 50, "\x01 a \x01"]:
+        assert np.array_equal(word_hashes(text), ngram_index.word_hashes(text)), text

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from tasks.decontaminate.ngram_index import DOC_SEP, normalize, window_hashes, word_hashes
+from tasks.decontaminate.ngram_index import _WHITESPACE_BYTES, DOC_SEP, normalize, window_hashes
 
 EMPTY = np.uint32(0xFFFFFFFF)
 _F1, _F2 = np.uint32(0x85EBCA6B), np.uint32(0xC2B2AE35)
@@ -40,32 +40,65 @@ def fmix32(h: np.ndarray) -> np.ndarray:
         return h ^ (h >> np.uint32(16))
 
 
+@numba.njit(cache=True, nogil=True)
+def _word_hashes(b, space):  # pragma: no cover - compiled
+    """The decontamination stage's word hash (ngram_index.word_hashes), one byte at a time:
+    fmix64(sum_k (byte_k + 1) * P**k) per whitespace-separated word; ~10x faster than its numpy form."""
+    out = np.empty(len(b) // 2 + 1, dtype=np.uint64)
+    n, acc, pk, inside = 0, numba.uint64(0), numba.uint64(1), False
+    p = numba.uint64(0x100000001B3)
+    for i in range(len(b)):
+        if space[b[i]]:
+            if inside:
+                out[n] = acc
+                n += 1
+                inside = False
+        else:
+            if not inside:
+                acc, pk, inside = numba.uint64(0), numba.uint64(1), True
+            acc += (numba.uint64(b[i]) + numba.uint64(1)) * pk
+            pk *= p
+    if inside:
+        out[n] = acc
+        n += 1
+    h = out[:n]
+    for i in range(n):
+        x = h[i]
+        x ^= x >> numba.uint64(33)
+        x *= numba.uint64(0xFF51AFD7ED558CCD)
+        x ^= x >> numba.uint64(33)
+        x *= numba.uint64(0xC4CEB9FE1A85EC53)
+        h[i] = x ^ (x >> numba.uint64(33))
+    return h
+
+
+def word_hashes(text: str) -> np.ndarray:
+    return _word_hashes(np.frombuffer(text.encode("utf-8"), dtype=np.uint8), _WHITESPACE_BYTES)
+
+
 def shingle_hashes(texts: list[str], n: int = 5) -> tuple[np.ndarray, np.ndarray]:
     """(uint32 hash of every shingle of every document, the index of each document's first shingle,
-    one more entry at the end). Documents are normalised and hashed in one numpy pass."""
-    words = [normalize(t).replace(DOC_SEP, " ") for t in texts]
-    h64 = word_hashes(f" {DOC_SEP} ".join(words) if words else "")
-    # the separator normalises to a word of its own: its hash marks the document boundaries
-    sep = word_hashes(DOC_SEP)[0]
-    is_sep = h64 == sep
-    doc_of_word = np.cumsum(is_sep)[~is_sep]
+    one more entry at the end). Documents are normalised and hashed in one pass over their bytes."""
+    h64 = word_hashes(f" {DOC_SEP} ".join(normalize(t) for t in texts)) if texts else np.empty(0, np.uint64)
+    # the separator (which normalisation removes from the texts) is a word of its own: document boundaries
+    is_sep = h64 == word_hashes(DOC_SEP)[0]
+    doc = np.cumsum(is_sep)[~is_sep]
     h64 = h64[~is_sep]
-    counts = np.bincount(doc_of_word, minlength=len(texts))
-    starts = np.concatenate([[0], np.cumsum(counts)])
-    out, offsets = [], [0]
-    full = window_hashes(h64, n) if len(h64) >= n else np.empty(0, np.uint64)
-    for d in range(len(texts)):
-        lo, hi = starts[d], starts[d + 1]
-        if hi - lo >= n:
-            part = full[lo:hi - n + 1]
-        elif hi > lo:  # shorter than a shingle: the whole document is one shingle
-            part = window_hashes(h64[lo:hi], int(hi - lo))
-        else:
-            part = np.empty(0, np.uint64)
-        out.append(part)
-        offsets.append(offsets[-1] + len(part))
-    hashes = np.concatenate(out) if out else np.empty(0, np.uint64)
-    return (hashes & np.uint64(0xFFFFFFFF)).astype(np.uint32), np.asarray(offsets, dtype=np.int64)
+    words = np.bincount(doc, minlength=len(texts))
+    full = window_hashes(h64, n)
+    starts = np.flatnonzero(doc[:len(full)] == doc[n - 1:]) if len(full) else np.empty(0, np.int64)
+    per_doc = np.bincount(doc[starts], minlength=len(texts)) if len(starts) else np.zeros(len(texts), np.int64)
+    hashes = full[starts]
+    short = np.flatnonzero((words > 0) & (words < n))
+    if len(short):  # shorter than a shingle: the whole document is one shingle, put in its place
+        first_word = np.concatenate([[0], np.cumsum(words)])
+        whole = np.array([window_hashes(h64[first_word[d]:first_word[d + 1]], int(words[d]))[0] for d in short],
+                         dtype=np.uint64)
+        per_doc[short] = 1
+        at = np.concatenate([[0], np.cumsum(per_doc)])[short]
+        hashes = np.insert(hashes, at - np.arange(len(short)), whole)
+    offsets = np.concatenate([[0], np.cumsum(per_doc)]).astype(np.int64)
+    return (hashes & np.uint64(0xFFFFFFFF)).astype(np.uint32), offsets
 
 
 @numba.njit(cache=True, nogil=True)
