@@ -49,7 +49,8 @@ def test_each_complete_checkpoint_is_evaluated_once(tmp_path, benchmarks_dir):
     assert [e["step"] for e in new] == [10, 20] and [e["tokens"] for e in new] == [5120, 10240]
     assert set(new[0]["metrics"]) == {"boolq/0-shot/acc", "wic/0-shot/acc"}
     assert history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, out, {}) == []  # nothing twice
-    assert len(history.read_history(out)) == 2 and (out / "step-00000020" / "results.json").is_file()
+    assert len(history.read_history(out)) == 2
+    assert (out / history.results_folder(new[1]["checkpoint"]) / "results.json").is_file()
     (ckpts / "step-00000030.partial" / "meta.json").write_text(
         (ckpts / "step-00000020" / "meta.json").read_text().replace('"step": 20', '"step": 30'))
     (ckpts / "step-00000030.partial").rename(ckpts / "step-00000030")  # the save completes
@@ -68,9 +69,38 @@ def test_a_crash_mid_way_resumes_with_the_next_checkpoint(tmp_path, benchmarks_d
     monkeypatch.setattr(history, "run", crash_on_second)
     with pytest.raises(RuntimeError):
         history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, out, {})
-    assert [e["step"] for e in history.read_history(out)] == [10] and not (out / "step-00000020").exists()
+    assert [e["step"] for e in history.read_history(out)] == [10]
+    assert not list(out.glob("step-00000020*")) and not list(out.glob(".step-00000020*"))
     monkeypatch.setattr(history, "run", real)
     assert [e["step"] for e in history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, out, {})] == [20]
+
+
+def test_another_runs_checkpoint_of_the_same_step_keeps_its_own_results(tmp_path, benchmarks_dir):
+    ckpts, tok = make_run(tmp_path)
+    out = tmp_path / "history"
+    first = history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, out, {})
+    meta = ckpts / "step-00000010" / "meta.json"  # a new run writes its own step 10
+    meta.write_text(meta.read_text().replace('"consumed_tokens": 5120', '"consumed_tokens": 5121'))
+    again = history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, out, {})
+    assert [e["step"] for e in again] == [10] and again[0]["results"] != first[0]["results"]
+    assert all((out / e["results"]).is_file() for e in history.read_history(out))
+    assert json.loads((out / first[0]["results"]).read_text())["key"] == first[0]["checkpoint"]
+
+
+def test_a_checkpoint_rewritten_while_evaluated_is_left_for_the_next_run(tmp_path, benchmarks_dir, monkeypatch):
+    ckpts, tok = make_run(tmp_path)
+    out = tmp_path / "history"
+    real = history.run
+
+    def rewrite_during(folder, *args):
+        result = real(folder, *args)
+        if folder.name == "step-00000010":
+            (folder / "meta.json").write_text((folder / "meta.json").read_text().replace('"adam_step": 10', '"adam_step": 11'))
+        return result
+    monkeypatch.setattr(history, "run", rewrite_during)
+    assert [e["step"] for e in history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, out, {})] == [20]
+    monkeypatch.setattr(history, "run", real)
+    assert [e["step"] for e in history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, out, {})] == [10]
 
 
 def test_two_passes_never_run_at_once(tmp_path, benchmarks_dir):
@@ -95,13 +125,15 @@ def test_scheduled_deployment_runs_on_a_server(server, tmp_path):  # noqa: F811
     assert [s["schedule"]["cron"] for s in schedules] == ["*/30 * * * *"] and all(s["active"] for s in schedules)
     for expected_new in (2, 0):  # the second run finds nothing new: idempotent
         flow_run = api(server, f"/deployments/{dep['id']}/create_flow_run", {})  # what the UI's Run button posts
-        run([prefect, "worker", "start", "--pool", "local-process", "--run-once"], repo, server)
-        assert api(server, f"/flow_runs/{flow_run['id']}")["state_type"] == "COMPLETED"
+        out = run([prefect, "worker", "start", "--pool", "local-process", "--run-once"], repo, server)
+        state = api(server, f"/flow_runs/{flow_run['id']}")
+        assert state["state_type"] == "COMPLETED", (state["state_type"], state.get("state", {}).get("message"), out[-3000:])
         lines = (repo / "data/evaluate/history/history.jsonl").read_text().splitlines()
         assert [json.loads(x)["step"] for x in lines] == [10, 20]
     arts = api(server, "/artifacts/filter", {"artifacts": {"key": {"any_": ["evaluation-history"]}}})
     assert any("2 checkpoints, 0 new" in a["data"] and "| boolq/0-shot | hans/0-shot |" in a["data"] for a in arts)
-    results = json.loads((repo / "data/evaluate/history/step-00000010/results.json").read_text())
+    first = json.loads(lines[0])
+    results = json.loads((repo / "data/evaluate/history" / first["results"]).read_text())
     assert re.fullmatch(r"[0-9a-f-]{36}", results["provenance"]["prefect_flow_run_id"] or "")
 
 

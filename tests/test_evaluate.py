@@ -72,8 +72,22 @@ def test_fewshot_prefixes_are_seeded_and_never_the_doc_itself():
     assert a == prompts.fewshot_prefixes(list(range(6)), docs, None, 2, seed=7)
     for i, prefix in enumerate(a):
         assert prefix.endswith("\n\n") and prefix.count("Answer: True") == 2 and f"S{i}." not in prefix
-    with pytest.raises(ConfigError, match="3-shot needs 3 few-shot examples, the few-shot split has 2"):
+    with pytest.raises(ConfigError, match="3-shot needs 4 few-shot examples, the few-shot split has 2"):
         prompts.fewshot_prefixes([0], docs[:1], docs[1:3], 3, seed=7)
+
+
+@pytest.mark.parametrize("exclude", [True, False])
+def test_fewshot_draws_follow_lm_evals_sampler(exclude):
+    """lm-eval's ContextSampler: one random.Random(seed) per task; sample(docs, k + 1) minus the doc
+    itself when its few-shot split is the test split, else sample(docs, k) (the doc may be drawn)."""
+    import random
+    docs = [prompts.hans({"sentence1": f"S{i}.", "sentence2": "T.", "label": i % 2 == 0}) for i in range(30)]
+    rnd, want = random.Random(1234), []
+    for doc in docs[:10]:
+        drawn = rnd.sample(docs, 4) if exclude else rnd.sample(docs, 3)
+        shots = [d for d in drawn if d != doc][:3] if exclude else drawn
+        want.append("\n\n".join(d.shot for d in shots) + "\n\n")
+    assert prompts.fewshot_prefixes(list(range(10)), docs, None, 3, 1234, exclude_self=exclude) == want
 
 
 def _plain_scores(lm, pairs):
@@ -143,6 +157,9 @@ def test_a_tokenizer_that_is_not_the_models_is_refused(lm, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(other), encoding="utf-8")
     with pytest.raises(ConfigError, match="shape"):
         model_io.load(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(hf_config(lm.params, lm.eod) | {"tie_word_embeddings": False}))
+    with pytest.raises(ConfigError, match="tie_word_embeddings=False is another network"):
+        model_io.load(tmp_path)
     with pytest.raises(InputFileError, match="neither a checkpoint"):
         model_io.load(tmp_path / "nowhere")
 
@@ -169,7 +186,7 @@ def test_task_metrics_on_a_real_task(lm, benchmarks_dir):
     one = evaluate_task(scorer, task, 1, limit=5)
     assert one[0]["shots"] == 1 and one[0]["n"] + one[0]["skipped"] == 5
     assert select(10, 3, 1) == select(10, 3, 1) and len(select(10, 3, 1)) == 3 and select(10, None, 1) == list(range(10))
-    with pytest.raises(ConfigError, match="task piqa: 20000-shot needs 20000 few-shot examples"):
+    with pytest.raises(ConfigError, match="task piqa: 20000-shot needs 20001 few-shot examples"):
         evaluate_task(scorer, task, 20000, limit=2)
     lam = evaluate_task(scorer, TaskData("lambada", [{"text": "the cat sat on the mat"}] * 3, ("text",)), 0)
     assert [r["metric"] for r in lam] == ["acc", "perplexity"] and lam[1]["value"] > 1

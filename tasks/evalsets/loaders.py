@@ -160,8 +160,8 @@ def _race_dir(task: str, d: Path) -> list[dict]:
 
 def _load_race(root: Path, fewshot: bool) -> TaskData:
     ex = _race_dir("race_h", root / "race/test/high")
-    fs = _race_dir("race_h", root / "race/dev/high") if fewshot else None
-    return TaskData("race_h", ex, ("article", "question"), fs)
+    # no few-shot split: lm-eval's race has only its test split and draws shots from those articles
+    return TaskData("race_h", ex, ("article", "question"))
 
 
 def _load_piqa(root: Path, fewshot: bool) -> TaskData:
@@ -212,8 +212,8 @@ def _load_winogrande(root: Path, fewshot: bool) -> TaskData:
                    "label": int(y) - 1, "filled": r["sentence"].replace("_", gold, 1)})
     fs = None
     if fewshot:
-        fs = _jsonl("winogrande", _need("winogrande", root, "winogrande/train_l.jsonl"),
-                    ("sentence", "option1", "option2", "answer"))
+        # lm-eval's winogrande reads winogrande_xl: its train split (40,398) is the few-shot pool
+        fs = _arrow_from_zip("winogrande", root / "winogrande/hf_cache_winogrande_xl.zip", "winogrande-train.arrow")
     return TaskData("winogrande", ex, ("filled",), fs)
 
 

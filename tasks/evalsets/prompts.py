@@ -17,7 +17,11 @@ Prompts (lm-eval's task YAMLs; `" "` is lm-eval's target delimiter, put in front
               "<sentence1>\\nQuestion: <sentence2> True or False?\\nAnswer:"  " True" (entailment) / " False"
 - wic:        "Sentence 1: <s1>\\nSentence 2: <s2>\\nQuestion: Is the word '<word in s1>' used in the same way
               in the two sentences above?\\nAnswer:"  " no" / " yes"
-Few-shot: k solved shots joined by "\\n\\n", then "\\n\\n", then the prompt (lm-eval's delimiters).
+Few-shot: k solved shots joined by "\\n\\n", then "\\n\\n", then the prompt (lm-eval's delimiters), drawn
+as lm-eval's sampler draws them (random.Random(seed), one generator per task; see EXCLUDES_SELF) from
+the split lm-eval takes them from where the files have it (PiQA train, WinoGrande xl train, WiC train;
+RACE: the test articles themselves, as lm-eval's race has no other split), else from the evaluated docs
+(LAMBADA, BoolQ, HellaSwag, HANS: no train file here) or the nearest split (ANLI R2 dev for its train).
 """
 from __future__ import annotations
 
@@ -154,8 +158,6 @@ def render(task: TaskData, fewshot_pool: bool = True) -> tuple[list[Doc], list[D
     pool = None
     if task.name == "race_h":
         docs = [race(g) for g in race_articles(task.examples)]
-        if fewshot_pool and task.fewshot:
-            pool = [race(g) for g in race_articles(task.fewshot)]
     else:
         docs = [fn(ex) for ex in task.examples]
         if fewshot_pool and task.fewshot:
@@ -163,20 +165,30 @@ def render(task: TaskData, fewshot_pool: bool = True) -> tuple[list[Doc], list[D
     return docs, pool
 
 
-def fewshot_prefixes(indices: list[int], docs: list[Doc], pool: list[Doc] | None, k: int, seed: int) -> list[str]:
-    """The few-shot prefix of each scored doc (`indices` into `docs`): k shots drawn by one seeded
-    generator per task, in order. Without a few-shot split the shots come from the task's own docs,
-    never the doc itself (as lm-eval)."""
+# lm-eval draws k + 1 shots and drops the scored doc for the tasks whose YAML has no test split (its
+# few-shot split then "equals" the test split); for LAMBADA, RACE and ANLI it draws k and the scored
+# doc itself may be among them. Both kept, so prefixes match lm-eval's for the same pool and seed.
+EXCLUDES_SELF = {"boolq", "piqa", "hellaswag", "winogrande", "wic", "hans"}
+
+
+def fewshot_prefixes(indices: list[int], docs: list[Doc], pool: list[Doc] | None, k: int, seed: int,
+                     exclude_self: bool = True) -> list[str]:
+    """The few-shot prefix of each scored doc (`indices` into `docs`): shots drawn by one seeded
+    generator per task, in doc order, from the few-shot split (`pool`) or, without one, from the task's
+    own docs. With `exclude_self`, k + 1 are drawn and the scored doc dropped (lm-eval's sampler)."""
     if k == 0:
         return [""] * len(indices)
-    own = pool is None
-    source = docs if own else pool
-    if len(source) - own < k:
-        raise ConfigError(f"{k}-shot needs {k} few-shot examples, the few-shot split has {len(source) - own}")
+    source = docs if pool is None else pool
+    draw = k + 1 if exclude_self else k
+    if len(source) < draw:
+        raise ConfigError(f"{k}-shot needs {draw} few-shot examples, the few-shot split has {len(source)}")
     rng = random.Random(seed)
     out = []
     for i in indices:
-        picks = rng.sample(range(len(source)), k + own)
-        shots = [source[j] for j in picks if not (own and j == i)][:k]
+        picks = rng.sample(range(len(source)), draw)
+        if exclude_self:
+            shots = [source[j] for j in picks if not (j == i if pool is None else source[j] == docs[i])][:k]
+        else:
+            shots = [source[j] for j in picks]
         out.append(SHOT_SEPARATOR.join(s.shot for s in shots) + SHOT_SEPARATOR)
     return out

@@ -59,10 +59,16 @@ def _lock(history_dir: Path) -> Iterator[None]:
         yield
 
 
+def results_folder(key: str) -> str:
+    """One folder per checkpoint key: another run's step-N (other meta.json) never overwrites it."""
+    name, digest = key.split(":")
+    return f"{name}-{digest}"
+
+
 def _entry(key: str, results: dict) -> dict:
     ck = results["provenance"]["checkpoint"]
     return {"checkpoint": key, "step": ck["step"], "tokens": ck["tokens"],
-            "results": f"{key.split(':')[0]}/{RESULTS}",
+            "results": f"{results_folder(key)}/{RESULTS}",
             "metrics": {f"{r['task']}/{r['shots']}-shot/{r['metric']}": r["value"] for r in results["rows"]}}
 
 
@@ -80,11 +86,11 @@ def evaluate_new(checkpoints_dir: Path, tokenizer: Path, cfg: EvaluateParams, be
                 continue
             if key in done:
                 continue
-            final = history_dir / folder.name
+            final = history_dir / results_folder(key)
             if (final / RESULTS).is_file() and json.loads((final / RESULTS).read_text(encoding="utf-8")).get("key") == key:
                 results = json.loads((final / RESULTS).read_text(encoding="utf-8"))  # evaluated, not yet listed
             else:
-                tmp = history_dir / f".{folder.name}.partial"
+                tmp = history_dir / f".{results_folder(key)}.partial"
                 shutil.rmtree(tmp, ignore_errors=True)
                 try:
                     results = run(folder, tokenizer, cfg, benchmarks_dir, tmp, {**provenance, "key": key})
@@ -94,6 +100,15 @@ def evaluate_new(checkpoints_dir: Path, tokenizer: Path, cfg: EvaluateParams, be
                         shutil.rmtree(tmp, ignore_errors=True)
                         continue
                     raise
+                try:
+                    same = checkpoint_key(folder) == key
+                except FileNotFoundError:
+                    same = False
+                if not same:  # re-saved or pruned while being read: the weights may not be the key's
+                    print(f"evaluate: {folder.name} changed while being evaluated; left for the next run",
+                          file=sys.stderr)
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    continue
                 results["key"] = key
                 atomic_write_text(tmp / RESULTS, json.dumps(results, indent=1) + "\n")
                 shutil.rmtree(final, ignore_errors=True)

@@ -51,6 +51,11 @@ def params_from_hf(config: dict, where: Path) -> ModelParams:
     act = config.get("activation_function", "gelu_new")
     if act not in ("gelu_new", "gelu_pytorch_tanh"):
         raise ConfigError(f"{where}: activation_function {act!r}; the model uses the tanh GeLU (gelu_new)")
+    unsupported = {"tie_word_embeddings": True, "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
+                   "reorder_and_upcast_attn": False}
+    for key, want in unsupported.items():
+        if config.get(key, want) != want:
+            raise ConfigError(f"{where}: {key}={config[key]!r} is another network than this GPT (needs {want})")
     inner = config.get("n_inner") or 4 * config["n_embd"]
     if inner != 4 * config["n_embd"]:
         raise ConfigError(f"{where}: n_inner {inner} != 4 x n_embd {config['n_embd']}")
