@@ -57,6 +57,20 @@ def stats_markdown(stats: dict, report: ValidationReport | None, p: PipelinePara
                   "| task | " + " | ".join(c.replace("training_", "") for c in cols) + " |",
                   "|---" * (len(cols) + 1) + "|"]
         lines += [f"| {t} | " + " | ".join(_cell(row.get(c, "")) for c in cols) + " |" for t, row in stats["tasks"].items()]
+    if isinstance(stats.get("dedup"), dict):  # dedup: per dataset, and whose copies were removed for whose
+        d = stats["dedup"]
+        names = sorted(d.get("datasets", {}))
+        lines += ["", f"Dedup: {d['exact_removed']:,} exact and {d['fuzzy_removed']:,} fuzzy duplicates removed of "
+                      f"{d['docs']:,}; {d['fuzzy_components']:,} fuzzy components (largest {d['largest_component']:,}); "
+                      f"LSH {d['lsh_bands']} bands x {d['lsh_rows']} rows, {d['pairs_checked']:,} candidate pairs "
+                      f"checked, {d['pairs_rejected']:,} rejected", "",
+                  "| dataset | documents | exact removed | fuzzy removed |", "|---|---|---|---|"]
+        lines += [f"| {n} | {r['docs']:,} | {r['exact_removed']:,} | {r['fuzzy_removed']:,} |"
+                  for n, r in sorted(d.get("datasets", {}).items())]
+        m = d.get("removed_in_favour_of", {})
+        lines += ["", "Removed (rows) in favour of (columns):", "",
+                  "| removed \\ kept | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+        lines += [f"| {a} | " + " | ".join(f"{m.get(a, {}).get(b, 0):,}" for b in names) + " |" for a in names]
     if isinstance(stats.get("blend"), dict):  # tokenize: the blend, per dataset
         lines += ["", f"Blend: {stats.get('samples')} samples"
                       + (" (weights normalised to sum 1)" if stats.get("weights_normalised") else "")

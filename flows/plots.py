@@ -53,6 +53,27 @@ def shares_png(title: str, rows: dict[str, dict]) -> bytes:
     return buf.getvalue()
 
 
+def heatmap_png(title: str, matrix: dict[str, dict[str, int]], names: list[str]) -> bytes:
+    """Counts of a dataset x dataset matrix (dedup: row = the removed copy's dataset, column = the
+    kept document's), each cell labelled."""
+    names = names[:20]
+    values = [[matrix.get(a, {}).get(b, 0) for b in names] for a in names]
+    side = 0.55 * len(names) + 2.2
+    fig, ax = plt.subplots(figsize=(side + 1.5, side), dpi=90)
+    im = ax.imshow(values, cmap="Blues")
+    ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
+    ax.set_yticks(range(len(names)), names, fontsize=8)
+    ax.set_xlabel("kept document's dataset")
+    ax.set_ylabel("removed copy's dataset")
+    top = max((v for row in values for v in row), default=0)
+    for i, row in enumerate(values):
+        for j, v in enumerate(row):
+            ax.text(j, i, f"{v:,}", ha="center", va="center", fontsize=8, color="white" if v > top / 2 else "black")
+    fig.colorbar(im, ax=ax, fraction=0.046)
+    ax.set_title(title, fontsize=11)
+    return _png(fig)
+
+
 def curve_png(title: str, points: list[list[float]], ylabel: str) -> bytes:
     """A line chart of (x, y) points (the training loss per step)."""
     fig, ax = plt.subplots(figsize=(6.4, 3.2), dpi=90)
@@ -125,6 +146,13 @@ def stage_plots(stats: dict) -> list[tuple[str, bytes]]:
         out.append(("Blend: target vs realised share", shares_png("blend: target vs realised share", stats["blend"])))
         epochs = {name: row["epochs"] for name, row in stats["blend"].items()}
         out.append(("Epochs per dataset", bar_png("epochs per dataset", epochs, "epochs")))
+    if isinstance(stats.get("dedup"), dict) and stats["dedup"].get("datasets"):
+        d = stats["dedup"]
+        removed = {n: r["exact_removed"] + r["fuzzy_removed"] for n, r in d["datasets"].items()}
+        out.append(("Duplicates removed per dataset", bar_png("dedup: documents removed per dataset", removed, "documents")))
+        out.append(("Whose copies were removed in favour of whose",
+                    heatmap_png("dedup: removed (rows) in favour of kept (columns)", d["removed_in_favour_of"],
+                                sorted(d["datasets"]))))
     if stats.get("loss_curve"):
         out.append(("Training loss", curve_png("train: loss per step", stats["loss_curve"], "loss")))
     if isinstance(stats.get("accuracy"), dict) and stats["accuracy"]:

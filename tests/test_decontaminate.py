@@ -46,7 +46,7 @@ def run(tmp_path: Path, bench: Path, docs: list[dict], **over) -> tuple[dict, di
     (data / "extract/shards").mkdir(parents=True)
     write_docs(data / "extract/shards/s0.parquet", docs)
     p = parse_params({"paths": {"data_dir": str(data), "benchmarks_dir": str(bench)},
-                      "decontaminate": {"tasks": ["lambada", "hans"], **over}})
+                      "decontaminate": {"input_stage": "extract", "tasks": ["lambada", "hans"], **over}})
     adopt_outputs(p, "extract")
     stats = run_stage("decontaminate", p)
     validate_stage("decontaminate", p)
@@ -129,7 +129,7 @@ def test_changed_task_files_rebuild_the_index_and_redo_both_passes(tmp_path, ben
     (data / "extract/shards").mkdir(parents=True)
     write_docs(data / "extract/shards/s0.parquet", docs)
     p = parse_params({"paths": {"data_dir": str(data), "benchmarks_dir": str(bench)},
-                      "decontaminate": {"tasks": ["lambada", "hans"]}})
+                      "decontaminate": {"input_stage": "extract", "tasks": ["lambada", "hans"]}})
     adopt_outputs(p, "extract")
     assert run_stage("decontaminate", p)["extra"]["docs_matched"] == 1
     assert run_stage("decontaminate", p)["resumed_shards"] == 1
@@ -191,7 +191,8 @@ def test_tokens_and_spans_agree_on_nasty_text():
 
 def test_real_tasks_on_the_sample_remove_every_planted_passage(extracted, tmp_path):
     p = parse_params({**extracted.model_dump(mode="json"),
-                      "paths": {"data_dir": str(tmp_path / "data"), "benchmarks_dir": extracted.paths.benchmarks_dir}})
+                      "paths": {"data_dir": str(tmp_path / "data"), "benchmarks_dir": extracted.paths.benchmarks_dir},
+                      "decontaminate": {**extracted.decontaminate.model_dump(mode="json"), "input_stage": "extract"}})
     shutil.copytree(Path(extracted.paths.data_dir), tmp_path / "data")
     stats = run_stage("decontaminate", p)
     assert validate_stage("decontaminate", p).success

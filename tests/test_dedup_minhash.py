@@ -67,3 +67,32 @@ def test_word_hashes_are_decontaminations():
     from tasks.dedup.minhash import word_hashes
     for text in ["", "  ", "a", "the cat\tsat\n\non  the mat ", "naïve Über 日本語 ελληνικά x" * 50, "\x01 a \x01"]:
         assert np.array_equal(word_hashes(text), ngram_index.word_hashes(text)), text
+
+
+def char_shingle_hash32(shingle: str) -> int:
+    """Reference for character shingles: each character fmix64(code point + 1), folded with B."""
+    acc = 0
+    for c in shingle:
+        acc = (acc * B + fmix64(ord(c) + 1)) & MASK
+    return fmix64((acc * B + len(shingle)) & MASK) & 0xFFFFFFFF
+
+
+@pytest.mark.parametrize("n", [5, 3])
+def test_char_signatures_equal_datasketch(n):
+    docs = documents(random.Random(n), 40)
+    ours = signatures(docs, num_perm=64, seed=3, n=n, unit="char")
+    for text, row in zip(docs, ours):
+        s = " ".join(normalize(text).split())
+        grams = [s] if 0 < len(s) < n else [s[i:i + n] for i in range(len(s) - n + 1)]
+        ref = MinHash(num_perm=64, seed=3, hashfunc=char_shingle_hash32)
+        ref.update_batch(grams)
+        assert np.array_equal(row, ref.hashvalues), text
+
+
+def test_shingle_sets_are_each_documents_sorted_unique_hashes():
+    from tasks.dedup.minhash import shingle_hashes, shingle_sets
+    docs = ["a b c d e f a b c d e f", "", "x y", "one two three four five six seven"]
+    h, off = shingle_hashes(docs, 5)
+    s, so = shingle_sets(h, off)
+    for d in range(len(docs)):
+        assert np.array_equal(s[so[d]:so[d + 1]], np.unique(h[off[d]:off[d + 1]]))

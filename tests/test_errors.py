@@ -64,6 +64,7 @@ def _decontam_ready(root: Path, bench: Path) -> Path:
     root.mkdir()
     raw = small_raw(root / "data")
     raw["paths"]["benchmarks_dir"] = str(bench)
+    raw["decontaminate"] = {"input_stage": "extract"}
     (root / "params.yaml").write_text(yaml.safe_dump(raw))
     p = parse_params(raw)
     (root / "data/extract/shards").mkdir(parents=True)

@@ -71,7 +71,7 @@ def content(stage_dir: Path) -> dict:
 
 def test_kill_9_during_the_index_pass_then_rerun_is_byte_identical(tmp_path):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(small_raw(tmp_path / "data")))
-    for stage in ("sample", "download", "extract", "decontaminate"):
+    for stage in ("sample", "download", "extract", "dedup", "decontaminate"):
         assert cli(tmp_path, stage).wait() == 0
     stage_dir = tmp_path / "data" / "decontaminate"
     reference = content(stage_dir)
@@ -122,17 +122,17 @@ def test_a_stage_refuses_an_input_stage_that_did_not_complete(tmp_path):
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    out = subprocess.run([sys.executable, "-m", "tasks", "decontaminate"], cwd=tmp_path, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "tasks", "dedup"], cwd=tmp_path, capture_output=True,
                          text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert out.returncode == 4, out.stderr
     assert out.stderr.strip().splitlines() == [
-        f"unfinished input: stage 'decontaminate' needs stage 'extract' completed "
+        f"unfinished input: stage 'dedup' needs stage 'extract' completed "
         f"({tmp_path / 'data/extract/stats.json'} missing): run `python -m tasks extract` first"]
-    assert not (tmp_path / "data/decontaminate/shards").exists() or not any((tmp_path / "data/decontaminate/shards").iterdir())
+    assert not (tmp_path / "data/dedup/shards").exists() or not any((tmp_path / "data/dedup/shards").iterdir())
 
 
 def test_stats_name_every_pass_in_order(small_params):
-    for s in ("sample", "download", "extract", "decontaminate"):
+    for s in ("sample", "download", "extract", "dedup", "decontaminate"):
         stats = run_stage(s, small_params)
     assert [p["name"] for p in stats["passes"]] == ["index", "count", "frequent", "remove"]
     assert [p["kind"] for p in stats["passes"]] == ["global", "sharded", "global", "sharded"]

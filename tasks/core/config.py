@@ -14,6 +14,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from tasks.core.errors import ConfigError
 from tasks.core.strict import Strict  # noqa: F401  (re-exported: every section derives from it)
+from tasks.dedup.config import DedupParams
 from tasks.evaluate.config import EvaluateParams
 from trainer.config import TrainStageParams
 
@@ -100,7 +101,7 @@ TaskName = Literal["lambada", "boolq", "race_h", "piqa", "hellaswag", "winogrand
 class DecontamParams(Strict):
     """GPT-3 App. C / MT-NLG n-gram decontamination against the evaluation tasks."""
 
-    input_stage: Literal["extract"] = Field("extract", description="Stage whose shards are decontaminated.")
+    input_stage: Literal["extract", "dedup"] = Field("dedup", description="Stage whose shards are decontaminated.")
     tasks: list[TaskName] = Field(
         default_factory=lambda: ["lambada", "boolq", "race_h", "piqa", "hellaswag", "winogrande",
                                  "anli_r2", "hans", "wic"], min_length=1)
@@ -165,6 +166,7 @@ class PipelineParams(Strict):
     sample: SampleParams = SampleParams()
     download: DownloadParams = DownloadParams()
     extract: ExtractParams = ExtractParams()
+    dedup: DedupParams = DedupParams()
     decontaminate: DecontamParams = DecontamParams()
     tokenize: TokenizeParams = TokenizeParams()
     train: TrainStageParams = TrainStageParams()

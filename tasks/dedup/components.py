@@ -33,11 +33,13 @@ def components(n: int, edges: np.ndarray) -> np.ndarray:
         parent = grand
 
 
-def representatives(labels: np.ndarray, priority: np.ndarray, doc_ids: list[str]) -> np.ndarray:
+def representatives(labels: np.ndarray, priority: np.ndarray, doc_ids) -> np.ndarray:
     """For each node, the index of the node its component keeps: lowest `priority` value first (0 =
-    highest-quality dataset), then the smallest document id."""
-    id_rank = np.empty(len(doc_ids), dtype=np.int64)
-    id_rank[np.argsort(np.asarray(doc_ids, dtype=object), kind="stable")] = np.arange(len(doc_ids))
+    highest-quality dataset), then the smallest document id (str, or UTF-8 bytes in a numpy array:
+    the same order)."""
+    ids = doc_ids if isinstance(doc_ids, np.ndarray) and doc_ids.dtype.kind == "S" else np.asarray(doc_ids, dtype=object)
+    id_rank = np.empty(len(ids), dtype=np.int64)
+    id_rank[np.argsort(ids, kind="stable")] = np.arange(len(ids))
     order = np.lexsort((id_rank, priority, labels))  # by component, then priority, then id
     first = np.ones(len(order), dtype=bool)
     first[1:] = labels[order][1:] != labels[order][:-1]

@@ -33,15 +33,17 @@ def optimal_bands(threshold: float, num_perm: int, fp_weight: float = 0.5, fn_we
     return opt
 
 
-def band_keys(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
+def band_keys(signatures: np.ndarray, bands: int, rows: int, first_band: int = 0) -> np.ndarray:
     """[documents, bands] uint64: a hash of each band's `rows` signature values (equal bands, equal
-    keys; the band index is mixed in, so equal values in two bands give two keys)."""
+    keys; the band index, counted from `first_band`, is mixed in, so equal values in two bands give
+    two keys)."""
     n, perms = signatures.shape
     if bands * rows > perms:
         raise ValueError(f"{bands} bands x {rows} rows need {bands * rows} permutations, the signatures have {perms}")
     sig = signatures[:, :bands * rows].astype(np.uint64).reshape(n, bands, rows)
     with np.errstate(over="ignore"):
-        acc = np.broadcast_to(np.arange(bands, dtype=np.uint64) + np.uint64(1), (n, bands)).copy()
+        acc = np.broadcast_to(np.arange(first_band, first_band + bands, dtype=np.uint64) + np.uint64(1),
+                              (n, bands)).copy()
         for j in range(rows):
             acc = _fmix(acc * np.uint64(0x9E3779B97F4A7C15) + sig[:, :, j])
     return acc

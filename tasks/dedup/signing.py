@@ -1,0 +1,93 @@
+"""Pass 1 of dedup (sharded, one per input shard): per document its id, dataset, exact key (a 64-bit
+hash of the normalised word sequence), MinHash signature and, for verification, its shingle set.
+Later passes address documents by a global index: the input shards in name order, rows in order."""
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from tasks.core.config import PipelineParams
+from tasks.core.passes import Shard, ShardStats
+from tasks.core.schema import iter_batches, text_bytes
+from tasks.core.stage import Context
+from tasks.decontaminate.ngram_index import B, _fmix
+from tasks.dedup.minhash import _unit_hashes, shingle_hashes, shingle_sets, signatures_of
+
+
+def plan_signatures(p: PipelineParams, ctx: Context) -> list[Shard]:
+    return [Shard(f.stem, (str(f),), f"{f.stem}.npz") for f in sorted(ctx.input_shards.glob("*.parquet"))]
+
+
+def exact_keys(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(64-bit key of each document's normalised word sequence, whether it has any word): a
+    polynomial in the words' 64-bit hashes, position-weighted, finalised with the word count."""
+    h64, doc = _unit_hashes(texts, "word")
+    words = np.bincount(doc, minlength=len(texts)) if len(doc) else np.zeros(len(texts), np.int64)
+    keys = np.zeros(len(texts), dtype=np.uint64)
+    has = words > 0
+    if has.any():
+        first = np.concatenate([[0], np.cumsum(words)[:-1]])
+        pos = np.arange(len(h64)) - first[doc]
+        with np.errstate(over="ignore"):
+            powers = np.cumprod(np.full(int(words.max()), B, dtype=np.uint64), dtype=np.uint64)
+            sums = np.add.reduceat(h64 * powers[pos], first[has])
+            keys[has] = _fmix(sums * B + words[has].astype(np.uint64))
+    return keys, has
+
+
+def sign_shard(shard: Shard, tmp: Path, p: PipelineParams, ctx: Context) -> ShardStats:
+    d, st = p.dedup, ShardStats()
+    ids, names, codes, keys, has, sigs, sets, set_lens = [], {}, [], [], [], [], [], []
+    for batch in iter_batches(Path(shard.inputs[0]), ["id", "text", "dataset"], d.batch_docs):
+        texts = batch.column("text").to_pylist()
+        st.docs_in += len(texts)
+        st.bytes_in += text_bytes(batch)
+        ids += batch.column("id").to_pylist()
+        codes += [names.setdefault(x, len(names)) for x in batch.column("dataset").to_pylist()]
+        k, h = exact_keys(texts)
+        keys.append(k)
+        has.append(h)
+        hashes, offsets = shingle_hashes(texts, d.ngram, d.shingle)
+        sigs.append(signatures_of(hashes, offsets, d.num_perm, d.seed))
+        if d.verify:
+            s, so = shingle_sets(hashes, offsets)
+            sets.append(s)
+            set_lens.append(np.diff(so))
+    n = len(ids)
+    has_words = np.concatenate(has) if has else np.zeros(0, bool)
+    lens = np.concatenate(set_lens) if set_lens else np.zeros(n if d.verify else 0, np.int64)
+    with open(tmp, "wb") as fh:
+        savez(fh, ids=np.array([x.encode("utf-8") for x in ids], dtype=bytes) if ids else np.zeros(0, "S1"),
+                 datasets=np.array(json.dumps(list(names))), codes=np.asarray(codes, dtype=np.int32),
+                 exact=np.concatenate(keys) if keys else np.zeros(0, np.uint64), has_words=has_words,
+                 sig=np.concatenate(sigs) if sigs else np.zeros((0, d.num_perm), np.uint32),
+                 sets=np.concatenate(sets) if sets else np.zeros(0, np.uint32),
+                 set_offsets=np.concatenate([[0], np.cumsum(lens)]).astype(np.int64))
+    st.docs_out = n
+    st.extra = {"docs_without_words": int(n - has_words.sum())}
+    return st
+
+
+def savez(fh, **arrays: np.ndarray) -> None:
+    """np.savez with fixed zip timestamps: the same arrays give the same bytes (numpy stamps the time)."""
+    with zipfile.ZipFile(fh, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
+        for name, a in arrays.items():
+            with z.open(zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0)), "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asanyarray(a), allow_pickle=False)
+
+
+def signature_files(ctx: Context) -> list[Path]:
+    return sorted((ctx.pass_dir("signatures") / "shards").glob("*.npz"))
+
+
+def read(f: Path, *keys: str) -> list[np.ndarray]:
+    with np.load(f) as z:
+        return [z[k] for k in keys]
+
+
+def shard_datasets(f: Path) -> list[str]:
+    with np.load(f) as z:
+        return json.loads(str(z["datasets"]))

@@ -1,0 +1,56 @@
+"""Stage `dedup`: document-level deduplication across all datasets, as MT-NLG: exact duplicates of the
+normalised text first, then MinHash LSH for a sparse document graph whose connected components are
+duplicate groups, each keeping its document from the highest-priority dataset. Six declared passes:
+
+  signatures  (sharded)  exact key, MinHash signature and shingle set per document (tasks.dedup.signing)
+  exact       (global)   exact duplicates removed by priority (tasks.dedup.exact)
+  buckets     (sharded)  per LSH band, the buckets of two or more documents (tasks.dedup.graph)
+  components  (global)   candidates verified, connected components, representatives, the report
+  aside       (sharded)  removed documents with the id of the document each duplicates
+  remove      (sharded)  the kept documents: the stage's output (tasks.dedup.removal)
+"""
+from __future__ import annotations
+
+from tasks.core.config import PipelineParams
+from tasks.core.stage import GlobalPass, ShardedPass, Stage
+from tasks.dedup.exact import build_exact
+from tasks.dedup.graph import bucket_shard, build_components, plan_buckets
+from tasks.dedup.removal import aside_shard, plan_aside, plan_remove, remove_shard
+from tasks.dedup.signing import plan_signatures, sign_shard
+
+NAME = "dedup"
+SIGNATURE_VERSION = 1  # part of the signature pass's fingerprint: change it when a hash changes
+
+
+def signature_params(p: PipelineParams) -> dict:
+    d = p.dedup
+    return {"version": SIGNATURE_VERSION, "shingle": d.shingle, "ngram": d.ngram, "num_perm": d.num_perm,
+            "seed": d.seed, "verify": d.verify}
+
+
+def exact_params(p: PipelineParams) -> dict:
+    return {"exact": p.dedup.exact, "priority": list(p.dedup.priority)}
+
+
+def bucket_params(p: PipelineParams) -> dict:
+    return {"lsh": list(p.dedup.lsh()), "band_shards": p.dedup.band_shards}
+
+
+def component_params(p: PipelineParams) -> dict:
+    d = p.dedup
+    return {"verify": d.verify, "threshold": d.threshold, "max_centers": d.max_centers}
+
+
+STAGE = Stage(
+    name=NAME, section="dedup", input=lambda p: p.dedup.input_stage,
+    doc="Exact then fuzzy (MinHash LSH, connected components) dedup across datasets, keeping the highest-priority copy.",
+    passes=(
+        ShardedPass("signatures", plan=plan_signatures, process=sign_shard, params=signature_params),
+        GlobalPass("exact", build=build_exact, params=exact_params),
+        ShardedPass("buckets", plan=plan_buckets, process=bucket_shard, params=bucket_params),
+        GlobalPass("components", build=build_components, params=component_params),
+        ShardedPass("aside", plan=plan_aside, process=aside_shard, params=lambda p: {}),
+        ShardedPass("remove", plan=plan_remove, process=remove_shard, params=lambda p: {}),
+    ),
+    suite="tasks.validation.dedup",
+)

@@ -1,0 +1,103 @@
+"""Expectations on `dedup`: the document schema with unique ids; the counts consistent with stats.json
+(kept + removed = input, per dataset, and the removed documents are all in aside/); and a sampled
+re-check: `recheck_docs` kept documents, each compared (exact Jaccard of shingle sets) with every kept
+document it shares an LSH bucket with, finds no pair at or above the threshold."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numba
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tasks.core.stage import Context
+from tasks.dedup.exact import docs_of, layout_of
+from tasks.dedup.graph import _candidate_sets, _jaccard, removed_of
+from tasks.dedup.lsh import band_keys
+from tasks.dedup.signing import read, signature_files
+from tasks.validation import doc_checks
+
+COLUMNS = ("kept_pair_above_threshold", "count_mismatch")
+
+
+def expectations() -> list:
+    import great_expectations as gx
+
+    return doc_checks.expectations(COLUMNS) + [
+        gx.expectations.ExpectColumnValuesToBeBetween(column=c, min_value=0, max_value=0) for c in COLUMNS]
+
+
+@numba.njit(cache=True)
+def _violations(pairs, local, sets, off, threshold):  # pragma: no cover - compiled
+    out = np.zeros(len(pairs), dtype=np.bool_)
+    for i in range(len(pairs)):
+        out[i] = _jaccard(sets, off, local[pairs[i, 0]], local[pairs[i, 1]]) >= threshold
+    return out
+
+
+def recheck(p, ctx: Context) -> dict[str, int]:
+    """Id of each sampled kept document -> how many kept bucket mates are duplicates of it after all."""
+    d, docs, layout = p.dedup, docs_of(ctx), layout_of(ctx)
+    dup_of, _ = removed_of(ctx)
+    kept = np.flatnonzero((dup_of < 0) & docs["has_words"])
+    if not len(kept) or not d.recheck_docs or not d.verify:  # without shingle sets there is nothing to re-check
+        return {}
+    rng = np.random.default_rng(d.seed)
+    sample = np.sort(rng.choice(kept, size=min(d.recheck_docs, len(kept)), replace=False))
+    bands, rows = d.lsh()
+    keys = np.concatenate([band_keys(read(f, "sig")[0], bands, rows) for f in signature_files(ctx)])[kept]
+    pairs = []
+    for b in range(bands):
+        k = keys[:, b]
+        mine = np.isin(k, k[np.isin(kept, sample)])
+        order = np.argsort(k[mine], kind="stable")
+        ks, idx = k[mine][order], kept[mine][order]
+        # every pair within a run of equal keys, one of them sampled (runs are small once deduplicated)
+        edge = np.flatnonzero(ks[1:] != ks[:-1]) + 1
+        for lo, hi in zip(np.concatenate([[0], edge]), np.concatenate([edge, [len(ks)]])):
+            if hi - lo > 1:
+                run = idx[lo:hi]
+                a, c = np.meshgrid(run, run, indexing="ij")
+                sel = (a < c) & (np.isin(a, sample) | np.isin(c, sample))
+                pairs.append(np.stack([a[sel], c[sel]], axis=1))
+    if not pairs:
+        return {}
+    pairs = np.unique(np.concatenate(pairs), axis=0)
+    involved = np.unique(pairs)
+    local = np.full(len(dup_of), -1, dtype=np.int64)
+    local[involved] = np.arange(len(involved))
+    sets, off = _candidate_sets(ctx, involved, layout)
+    bad = pairs[_violations(pairs, local, sets, off, d.threshold)]
+    sampled = set(sample.tolist())
+    found = Counter(x for x in bad.ravel().tolist() if x in sampled)
+    return {docs["ids"][i].decode("utf-8"): n for i, n in found.items()}
+
+
+def count_mismatch(p, shards_dir: Path) -> int:
+    """|documents per dataset in the output - (in the input - removed)| summed, plus the same for aside/."""
+    stats = json.loads((Path(p.paths.data_dir) / "dedup" / "stats.json").read_text(encoding="utf-8"))["dedup"]
+    out, aside = Counter(), Counter()
+    for f in sorted(Path(shards_dir).glob("*.parquet")):
+        out.update(pq.read_table(f, columns=["dataset"]).column("dataset").to_pylist())
+    for f in sorted((Path(p.paths.data_dir) / "dedup" / "aside" / "shards").glob("*.parquet")):
+        aside.update(pq.read_table(f, columns=["dataset"]).column("dataset").to_pylist())
+    miss = 0
+    for name, row in stats["datasets"].items():
+        removed = row["exact_removed"] + row["fuzzy_removed"]
+        miss += abs(out[name] - (row["docs"] - removed)) + abs(aside[name] - removed)
+    return miss + sum(n for name, n in (out + aside).items() if name not in stats["datasets"])
+
+
+def batches(p, shards_dir: Path):
+    ctx = Context("dedup", str(p.paths.data_dir), p.dedup.input_stage)
+    found, mismatch = recheck(p, ctx), count_mismatch(p, shards_dir)
+
+    def columns(table: pa.Table) -> dict:
+        ids = table.column("id").to_pylist()
+        return {"kept_pair_above_threshold": np.array([found.get(i, 0) for i in ids], dtype=np.int64),
+                "count_mismatch": np.full(table.num_rows, mismatch, dtype=np.int64)}
+
+    yield from doc_checks.batches(p, shards_dir, columns)
