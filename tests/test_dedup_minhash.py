@@ -96,3 +96,22 @@ def test_shingle_sets_are_each_documents_sorted_unique_hashes():
     s, so = shingle_sets(h, off)
     for d in range(len(docs)):
         assert np.array_equal(s[so[d]:so[d + 1]], np.unique(h[off[d]:off[d + 1]]))
+
+
+def test_the_compiled_one_pass_path_equals_the_numpy_path():
+    """Signatures, exact keys and shingles of the fused kernel equal the vectorised numpy path's,
+    on ASCII (punctuation, control bytes, \\x01, tabs) and non-ASCII documents."""
+    from tasks.dedup.fused import sign_words
+    from tasks.dedup.minhash import shingle_hashes, signatures_of
+    from tasks.dedup.signing import exact_keys
+
+    rng = random.Random(9)
+    docs = documents(rng, 80) + ["a\x01b c\x00d", "Tab\tsep\x0bvt\x1fus  x", "__init__ self.x = 1;", "ÀB C d e f",
+                                 "don't stop-me now, please!", "\x01", "a " * 3]
+    for n in (5, 2):
+        sig, keys, words, shingles, offs = sign_words(docs, n, 64, 7)
+        hashes, offsets = shingle_hashes(docs, n)
+        ref_keys, has = exact_keys(docs)
+        assert np.array_equal(sig, signatures_of(hashes, offsets, 64, 7))
+        assert np.array_equal(keys, ref_keys) and np.array_equal(words > 0, has)
+        assert np.array_equal(offs, offsets) and np.array_equal(shingles, hashes)

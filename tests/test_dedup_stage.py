@@ -158,9 +158,10 @@ def test_params_are_checked():
     from tasks.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="set both bands and rows"):
-        parse_params({"dedup": {"bands": 4}})
+        parse_params({"dedup": {"bands": 4, "rows": 0}})
     with pytest.raises(ConfigError, match="exceeds num_perm"):
         parse_params({"dedup": {"bands": 20, "rows": 10}})
     with pytest.raises(ConfigError, match="priority names a dataset twice: CC"):
         parse_params({"dedup": {"priority": ["CC", "Wiki", "CC"]}})
-    assert json.loads(json.dumps(parse_params({}).dedup.lsh())) == [9, 13]
+    assert parse_params({}).dedup.lsh() == (20, 6)
+    assert parse_params({"dedup": {"bands": 0, "rows": 0}}).dedup.lsh() == (9, 13)  # datasketch's derivation

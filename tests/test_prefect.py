@@ -118,8 +118,8 @@ def test_shards_on_an_existing_dask_cluster(server, tmp_path):
         run([sys.executable, "-m", "flows.pipeline", "params.yaml"], repo, server)
         shard_keys = [k for k in Finished.keys if "shard" in k]
         # 2 WARC + 2 curated shards through download, extract, dedup's signatures, aside and remove, the
-        # n-gram count pass, removal and tokens; and dedup's 9 LSH bands
-        assert len(shard_keys) == 4 * 8 + 9, shard_keys
+        # n-gram count pass, removal and tokens; and dedup's 20 LSH bands
+        assert len(shard_keys) == 4 * 8 + 20, shard_keys
     stats = json.loads((repo / "data/extract/stats.json").read_text())
     assert stats["shards"] == 4 and stats["docs_out"] > 0
     # the dedup stage run locally (sequentially) on the same input gives the same bytes as on the cluster

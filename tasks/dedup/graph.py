@@ -22,6 +22,7 @@ from tasks.core.stage import Context
 from tasks.dedup.components import components, representatives
 from tasks.dedup.exact import EXACT, FUZZY, docs_of, layout_of
 from tasks.dedup.lsh import band_keys
+from tasks.dedup.minhash import shingle_sets
 from tasks.dedup.signing import read, savez, signature_files
 
 
@@ -133,21 +134,21 @@ def _link(n, members, starts, local, sets, off, threshold, max_centers, verify):
 
 
 def _candidate_sets(ctx: Context, candidates: np.ndarray, layout: dict) -> tuple[np.ndarray, np.ndarray]:
-    """The shingle sets of the candidate documents only (sorted global indices), as one CSR."""
+    """The shingle sets (sorted, unique) of the candidate documents only (sorted global indices), as one CSR."""
     parts, lens = [], []
     for f in signature_files(ctx):
         start, rows = layout["shards"][f.stem]
         mine = candidates[(candidates >= start) & (candidates < start + rows)] - start
         if not len(mine):
             continue
-        sets, off = read(f, "sets", "set_offsets")
+        sets, off = read(f, "shingles", "shingle_offsets")
         size = off[mine + 1] - off[mine]
         at = np.repeat(off[mine] - np.concatenate([[0], np.cumsum(size)[:-1]]), size) + np.arange(size.sum())
         parts.append(sets[at])
         lens.append(size)
     if not parts:
         return np.zeros(0, np.uint32), np.zeros(1, np.int64)
-    return np.concatenate(parts), np.concatenate([[0], np.cumsum(np.concatenate(lens))]).astype(np.int64)
+    return shingle_sets(np.concatenate(parts), np.concatenate([[0], np.cumsum(np.concatenate(lens))]).astype(np.int64))
 
 
 def build_components(tmp: Path, p: PipelineParams, ctx: Context) -> dict:

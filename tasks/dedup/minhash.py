@@ -118,7 +118,8 @@ def shingle_hashes(texts: list[str], n: int = 5, unit: str = "word") -> tuple[np
 def shingle_sets(hashes: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each document's shingle hashes as a sorted set (what exact Jaccard compares), same layout."""
     doc = np.repeat(np.arange(len(offsets) - 1, dtype=np.uint64), np.diff(offsets))
-    keyed = np.unique((doc << np.uint64(32)) | hashes.astype(np.uint64))
+    keyed = np.sort((doc << np.uint64(32)) | hashes.astype(np.uint64))  # sort + diff: numpy 2's hashing
+    keyed = keyed[np.concatenate([[True], keyed[1:] != keyed[:-1]])] if len(keyed) else keyed  # unique is ~8x slower
     counts = np.bincount((keyed >> np.uint64(32)).astype(np.int64), minlength=len(offsets) - 1)
     return (keyed & np.uint64(0xFFFFFFFF)).astype(np.uint32), np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
@@ -143,5 +144,9 @@ def signatures_of(hashes: np.ndarray, offsets: np.ndarray, num_perm: int = 128, 
 
 
 def signatures(texts: list[str], num_perm: int = 128, seed: int = 1, n: int = 5, unit: str = "word") -> np.ndarray:
-    """[documents, num_perm] uint32 MinHash signatures."""
+    """[documents, num_perm] uint32 MinHash signatures (word shingles: the compiled one-pass path)."""
+    if unit == "word":
+        from tasks.dedup.fused import sign_words
+
+        return sign_words(texts, n, num_perm, seed)[0]
     return signatures_of(*shingle_hashes(texts, n, unit), num_perm, seed)

@@ -1,5 +1,6 @@
 """Pass 1 of dedup (sharded, one per input shard): per document its id, dataset, exact key (a 64-bit
-hash of the normalised word sequence), MinHash signature and, for verification, its shingle set.
+hash of the normalised word sequence), MinHash signature and, for verification, its shingles (hashes in
+document order; the components pass makes sets of the candidates' only).
 Later passes address documents by a global index: the input shards in name order, rows in order."""
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from tasks.core.passes import Shard, ShardStats
 from tasks.core.schema import iter_batches, text_bytes
 from tasks.core.stage import Context
 from tasks.decontaminate.ngram_index import B, _fmix
-from tasks.dedup.minhash import _unit_hashes, shingle_hashes, shingle_sets, signatures_of
+from tasks.dedup.fused import sign_words
+from tasks.dedup.minhash import _unit_hashes, shingle_hashes, signatures_of
 
 
 def plan_signatures(p: PipelineParams, ctx: Context) -> list[Shard]:
@@ -47,13 +49,18 @@ def sign_shard(shard: Shard, tmp: Path, p: PipelineParams, ctx: Context) -> Shar
         st.bytes_in += text_bytes(batch)
         ids += batch.column("id").to_pylist()
         codes += [names.setdefault(x, len(names)) for x in batch.column("dataset").to_pylist()]
-        k, h = exact_keys(texts)
+        if d.shingle == "word":
+            sig, k, words, s, so = sign_words(texts, d.ngram, d.num_perm, d.seed)
+            h = words > 0
+        else:
+            k, h = exact_keys(texts)
+            hashes, offsets = shingle_hashes(texts, d.ngram, d.shingle)
+            sig = signatures_of(hashes, offsets, d.num_perm, d.seed)
+            s, so = hashes, offsets
         keys.append(k)
         has.append(h)
-        hashes, offsets = shingle_hashes(texts, d.ngram, d.shingle)
-        sigs.append(signatures_of(hashes, offsets, d.num_perm, d.seed))
+        sigs.append(sig)
         if d.verify:
-            s, so = shingle_sets(hashes, offsets)
             sets.append(s)
             set_lens.append(np.diff(so))
     n = len(ids)
@@ -64,8 +71,8 @@ def sign_shard(shard: Shard, tmp: Path, p: PipelineParams, ctx: Context) -> Shar
                  datasets=np.array(json.dumps(list(names))), codes=np.asarray(codes, dtype=np.int32),
                  exact=np.concatenate(keys) if keys else np.zeros(0, np.uint64), has_words=has_words,
                  sig=np.concatenate(sigs) if sigs else np.zeros((0, d.num_perm), np.uint32),
-                 sets=np.concatenate(sets) if sets else np.zeros(0, np.uint32),
-                 set_offsets=np.concatenate([[0], np.cumsum(lens)]).astype(np.int64))
+                 shingles=np.concatenate(sets) if sets else np.zeros(0, np.uint32),
+                 shingle_offsets=np.concatenate([[0], np.cumsum(lens)]).astype(np.int64))
     st.docs_out = n
     st.extra = {"docs_without_words": int(n - has_words.sum())}
     return st
