@@ -15,7 +15,7 @@ document with k words replaced at evenly spaced places, k chosen for a target Ja
   minhash     text -> signature docs/s in one process (num_perm 128, word 5-grams): ours against
               datasketch's MinHash.bulk after Python shingling, with its sha1 and with xxhash's xxh32
   docs_per_s  documents / seconds of the whole stage (its six passes, shards on 2 processes, and its
-              validation suite); peak_rss_mb the largest sum of RSS over the process tree while it runs
+              validation suite); peak_rss_mb the largest sum of PSS over the process tree while it runs
 The sample's own ground truth (its planted exact and near duplicates) is scored the same way.
 The last line is `dedup_recall=<r> dedup_precision=<p> minhash_speedup_vs_datasketch=<x>
 minhash_speedup_vs_datasketch_xxh=<x> docs_per_s=<n> peak_rss_mb=<m>`.
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import shutil
 import statistics
 import subprocess
@@ -121,7 +122,8 @@ def score(data: Path, pairs: list[tuple[str, str]], removed: dict[str, str], rng
 
 
 class PeakRSS:
-    """The largest sum of RSS over this process and its children, sampled every 50 ms."""
+    """The largest sum of memory over this process and its children, sampled every 100 ms: PSS
+    (proportional set size), so pages the processes share are counted once, not once per process."""
 
     def __init__(self):
         self.peak, self._stop = 0, threading.Event()
@@ -137,11 +139,11 @@ class PeakRSS:
             total = 0
             for proc in [me, *me.children(recursive=True)]:
                 try:
-                    total += proc.memory_info().rss
+                    total += proc.memory_full_info().pss
                 except psutil.Error:
                     pass
             self.peak = max(self.peak, total)
-            self._stop.wait(0.05)
+            self._stop.wait(0.1)
 
     def __exit__(self, *exc):
         self._stop.set()
@@ -154,7 +156,8 @@ def map_processes(pool, stage, pass_name, p, shards, ctx):
 
 def run_ours(data: Path, p) -> tuple[float, int, int]:
     shutil.rmtree(data / "dedup", ignore_errors=True)
-    with PeakRSS() as rss, ProcessPoolExecutor(2) as pool:
+    # forkserver: the workers start clean, as a deployment's would, not as copies of this process's corpus
+    with PeakRSS() as rss, ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("forkserver")) as pool:
         t0 = time.perf_counter()
         stats = run_stage("dedup", p, map_shards=partial(map_processes, pool))
         validate_stage("dedup", p)

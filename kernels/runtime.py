@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 SOURCE_DIR = Path(__file__).parent / "cuda"
-SOURCES = ("bias_gelu.cu", "layer_norm.cu", "causal_softmax.cu", "cross_entropy.cu")
+SOURCES = ("bias_gelu.cu", "layer_norm.cu", "causal_softmax.cu", "cross_entropy.cu", "minhash.cu")
 CUDA_TYPE = {torch.float32: "float", torch.bfloat16: "bf16", torch.float16: "fp16"}
 NVRTC_OPTIONS = ("-std=c++17",)
 
@@ -198,4 +198,5 @@ def every_instantiation() -> dict[str, list[str]]:
                 if lay.slots <= 4:
                     out["layer_norm.cu"].append(expression("layer_norm_bwd", dtype, lay))
                     out["causal_softmax.cu"].append(expression("causal_softmax_bwd", dtype, lay))
+    out["minhash.cu"] = ["minhash_signatures"]  # dedup's signatures (tasks/dedup/gpu.py): integers only
     return out

@@ -174,3 +174,19 @@ def test_empty_inputs_and_double_backward():
     (g,) = torch.autograd.grad(y.sum(), x, create_graph=True)
     with pytest.raises(RuntimeError):
         g.sum().backward()  # once_differentiable: a second derivative is refused, not silently zero
+
+
+@pytest.mark.parametrize("num_perm", [128, 1024, 7])
+def test_minhash_signatures_on_the_gpu_are_bit_identical(num_perm):
+    import random
+
+    import numpy as np
+
+    from tasks.dedup.gpu import signatures_gpu
+    from tasks.dedup.minhash import shingle_hashes, signatures_of
+
+    rng = random.Random(num_perm)
+    words = [f"w{i}" for i in range(300)]
+    docs = [" ".join(rng.choice(words) for _ in range(rng.randint(0, 3000))) for _ in range(200)] + ["", "a b"]
+    hashes, offsets = shingle_hashes(docs, 5)
+    assert np.array_equal(signatures_gpu(hashes, offsets, num_perm, 3), signatures_of(hashes, offsets, num_perm, 3))

@@ -33,6 +33,8 @@ class DedupParams(Strict):
     max_centers: int = Field(64, ge=1, le=100_000,
                              description="Per bucket, distinct verified clusters tried before a member is left unlinked.")
     band_shards: int = Field(0, ge=0, description="Shards of the bucket pass (bands split among them); 0: one per band.")
+    device: Literal["auto", "cpu", "gpu"] = Field(
+        "auto", description="Where signatures are computed: gpu (a CuPy kernel, bit-identical), cpu, or auto (gpu when present).")
     batch_docs: int = Field(1000, ge=1, le=100_000)
     recheck_docs: int = Field(2000, ge=0, description="Kept documents the suite re-checks against their bucket mates.")
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from tasks.core.config import PipelineParams
+from tasks.core.errors import ConfigError
 from tasks.core.passes import Shard, ShardStats
 from tasks.core.schema import iter_batches, text_bytes
 from tasks.core.stage import Context
@@ -40,8 +41,19 @@ def exact_keys(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     return keys, has
 
 
+def use_gpu(device: str) -> bool:
+    if device == "cpu":
+        return False
+    from tasks.dedup.gpu import available
+
+    if device == "gpu" and not available():
+        raise ConfigError("dedup.device is gpu but no CUDA GPU with CuPy is usable here")
+    return available()
+
+
 def sign_shard(shard: Shard, tmp: Path, p: PipelineParams, ctx: Context) -> ShardStats:
     d, st = p.dedup, ShardStats()
+    gpu = use_gpu(d.device)
     ids, names, codes, keys, has, sigs, sets, set_lens = [], {}, [], [], [], [], [], []
     for batch in iter_batches(Path(shard.inputs[0]), ["id", "text", "dataset"], d.batch_docs):
         texts = batch.column("text").to_pylist()
@@ -49,14 +61,17 @@ def sign_shard(shard: Shard, tmp: Path, p: PipelineParams, ctx: Context) -> Shar
         st.bytes_in += text_bytes(batch)
         ids += batch.column("id").to_pylist()
         codes += [names.setdefault(x, len(names)) for x in batch.column("dataset").to_pylist()]
-        if d.shingle == "word":
-            sig, k, words, s, so = sign_words(texts, d.ngram, d.num_perm, d.seed)
+        if d.shingle == "word":  # on a GPU, the CPU pass only hashes the shingles (0 permutations)
+            sig, k, words, s, so = sign_words(texts, d.ngram, 0 if gpu else d.num_perm, d.seed)
             h = words > 0
         else:
             k, h = exact_keys(texts)
-            hashes, offsets = shingle_hashes(texts, d.ngram, d.shingle)
-            sig = signatures_of(hashes, offsets, d.num_perm, d.seed)
-            s, so = hashes, offsets
+            s, so = shingle_hashes(texts, d.ngram, d.shingle)
+            sig = None if gpu else signatures_of(s, so, d.num_perm, d.seed)
+        if gpu:
+            from tasks.dedup.gpu import signatures_gpu
+
+            sig = signatures_gpu(s, so, d.num_perm, d.seed)
         keys.append(k)
         has.append(h)
         sigs.append(sig)
