@@ -20,7 +20,7 @@ from tasks.dedup.minhash import EMPTY, permutations
 _TABLE = np.arange(256, dtype=np.uint8)
 _TABLE[[c for c in _ASCII_DROP]] = 0  # dropped (0 itself is punctuation: never a kept byte)
 _TABLE[ord("A"):ord("Z") + 1] += 32
-_KIND = np.where(_TABLE == 0, 0, np.where(_WHITESPACE_BYTES, 1, 2)).astype(np.uint8)
+_VALUE = np.where(_TABLE == 0, -1, np.where(_WHITESPACE_BYTES, 0, _TABLE.astype(np.int32) + 1)).astype(np.int32)
 
 
 @numba.njit(inline="always")
@@ -51,56 +51,57 @@ def _emit(wh, row, a, b, sets, pos):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def _sign(buf, starts, table, kind, n, a, b, sig, exact, words, sets, set_offsets):  # pragma: no cover
-    """kind[byte]: 0 dropped, 1 whitespace, 2 part of a word (table[byte]: its normalised value)."""
+def _sign(buf, starts, value, n, a, b, sig, exact, words, sets, set_offsets):  # pragma: no cover
+    """value[byte]: -1 dropped, 0 whitespace, else the normalised byte + 1. Per document: its word
+    hashes in one tight loop over the bytes, then its shingles, signature and exact key over them."""
     P = numba.uint64(0x100000001B3)
     B = numba.uint64(0x9E3779B97F4A7C15)
     Bn1 = numba.uint64(1)
     for _ in range(n - 1):
         Bn1 *= B
+    longest = 0
+    for d in range(len(starts) - 1):
+        longest = max(longest, starts[d + 1] - starts[d])
+    wh = np.empty(longest // 2 + 1, dtype=np.uint64)
     ring = np.zeros(n, dtype=np.uint64)
     pos = 0
     for d in range(len(starts) - 1):
+        nw, acc, pk = 0, numba.uint64(0), numba.uint64(1)  # pk != 1: inside a word (P**k is never 1 here)
+        for i in range(starts[d], starts[d + 1]):
+            v = value[buf[i]]
+            if v > 0:
+                acc += numba.uint64(v) * pk
+                pk *= P
+            elif v == 0 and pk != 1:
+                wh[nw] = acc
+                nw += 1
+                acc, pk = numba.uint64(0), numba.uint64(1)
+        if pk != 1:
+            wh[nw] = acc
+            nw += 1
         row = sig[d]
-        cnt, r = 0, 0
+        r = 0
         win = numba.uint64(0)  # sum of the last n word hashes h_j * B**(n - 1 - j): a rolling polynomial
         key, pw = numba.uint64(0), B
-        acc, pk, inside = numba.uint64(0), numba.uint64(1), False
-        for i in range(starts[d], starts[d + 1] + 1):
-            end_word = i == starts[d + 1]
-            if not end_word:
-                c = buf[i]
-                k = kind[c]
-                if k == 0:
-                    continue  # dropped punctuation: the word goes on
-                if k == 1:
-                    end_word = True
-                else:
-                    if not inside:
-                        acc, pk, inside = numba.uint64(0), numba.uint64(1), True
-                    acc += (numba.uint64(table[c]) + numba.uint64(1)) * pk
-                    pk *= P
-            if end_word and inside:
-                inside = False
-                h = _fmix64(acc)
-                key += h * pw
-                pw *= B
-                if cnt >= n:
-                    win -= ring[r] * Bn1
-                win = win * B + h
-                ring[r] = h
-                r += 1
-                if r == n:
-                    r = 0
-                cnt += 1
-                if cnt >= n:
-                    _emit(_fmix64(win * B + numba.uint64(n)), row, a, b, sets, pos)
-                    pos += 1
-        if 0 < cnt < n:  # shorter than a shingle: the whole document is one shingle
-            _emit(_fmix64(win * B + numba.uint64(cnt)), row, a, b, sets, pos)
+        for j in range(nw):
+            h = _fmix64(wh[j])
+            key += h * pw
+            pw *= B
+            if j >= n:
+                win -= ring[r] * Bn1
+            win = win * B + h
+            ring[r] = h
+            r += 1
+            if r == n:
+                r = 0
+            if j + 1 >= n:
+                _emit(_fmix64(win * B + numba.uint64(n)), row, a, b, sets, pos)
+                pos += 1
+        if 0 < nw < n:  # shorter than a shingle: the whole document is one shingle
+            _emit(_fmix64(win * B + numba.uint64(nw)), row, a, b, sets, pos)
             pos += 1
-        words[d] = cnt
-        exact[d] = _fmix64(key * B + numba.uint64(cnt)) if cnt else numba.uint64(0)
+        words[d] = nw
+        exact[d] = _fmix64(key * B + numba.uint64(nw)) if nw else numba.uint64(0)
         set_offsets[d + 1] = pos
     return pos
 
@@ -118,5 +119,5 @@ def sign_words(texts: list[str], n: int = 5, num_perm: int = 128, seed: int = 1)
     words = np.zeros(len(texts), dtype=np.int64)
     sets = np.empty(len(buf) // 2 + len(texts) + 1, dtype=np.uint32)
     offsets = np.zeros(len(texts) + 1, dtype=np.int64)
-    used = _sign(buf, starts, _TABLE, _KIND, n, a, b, sig, exact, words, sets, offsets)
+    used = _sign(buf, starts, _VALUE, n, a, b, sig, exact, words, sets, offsets)
     return sig, exact, words, sets[:used].copy(), offsets
