@@ -83,6 +83,18 @@ def corpus(n: int, words: int, seed: int) -> tuple[list[dict], list[tuple[int, i
     return docs, [(int(where[a]), int(where[b])) for a, b in pairs]
 
 
+def write_corpus(data: Path, n: int, words: int, seed: int):
+    """The corpus as extract's shards (~10k documents each, at least 2); returns the planted pairs'
+    ids, the first 10,000 texts (for the signature timing), the document and shard counts."""
+    docs, pairs = corpus(n, words, seed)
+    (data / "extract/shards").mkdir(parents=True)
+    per = max(1, len(docs) // max(2, len(docs) // 20_000 * 2))
+    for k in range(0, len(docs), per):
+        write_docs(data / f"extract/shards/part-{k // per:05d}.parquet", docs[k:k + per])
+    return ([(docs[a]["id"], docs[b]["id"]) for a, b in pairs], [d["text"] for d in docs[:10_000]], len(docs),
+            len(docs) // per + (len(docs) % per > 0))
+
+
 def jaccard(a: str, b: str, n: int = 5) -> float:
     def grams(t):
         w = normalize(t).split()
@@ -229,19 +241,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-dedup-") as tmp:
         tmp = Path(tmp)
         t0 = time.perf_counter()
-        docs, pairs = corpus(args.docs, args.words, args.seed)
         data = tmp / "data"
-        (data / "extract/shards").mkdir(parents=True)
-        per = max(1, len(docs) // max(2, len(docs) // 20_000 * 2))  # at least 2 shards, ~20k docs each
-        for k in range(0, len(docs), per):
-            write_docs(data / f"extract/shards/part-{k // per:05d}.parquet", docs[k:k + per])
-        p = parse_params({"paths": {"data_dir": str(data)}, "dedup": {"priority": DATASETS[:2],
-                                                                      "band_shards": 0}})
+        # made in a child process: the corpus is never in this one, whose memory is measured with the stage's
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("forkserver")) as pool:
+            pairs, texts, n_docs, n_shards = pool.submit(write_corpus, data, args.docs, args.words, args.seed).result()
+        p = parse_params({"paths": {"data_dir": str(data)}, "dedup": {"priority": DATASETS[:2]}})
         adopt_outputs(p, "extract")
-        texts = [d["text"] for d in docs[:10_000]]
-        pairs = [(docs[a]["id"], docs[b]["id"]) for a, b in pairs]
-        n_docs, n_shards = len(docs), len(docs) // per + (len(docs) % per > 0)
-        del docs  # the stage reads its shards: the corpus is not held while it is measured
         print(f"corpus: {n_docs:,} documents of {args.words} words, {len(pairs):,} planted copies, "
               f"{n_shards} shards ({time.perf_counter() - t0:.1f} s)")
         try:
@@ -273,7 +278,7 @@ def main() -> None:
         print(f"minhash text->signature docs/s (median): ours {med([r[0] for r in rates]):,.0f}, datasketch-sha1 "
               f"{med([r[1] for r in rates]):,.0f}, datasketch-xxh32 {med([r[2] for r in rates]):,.0f}")
         print(f"whole stage on 2 cores: {docs_per_s:,.0f} docs/s ({med([o[0] for o in ours]):.1f} s), "
-              f"peak RSS {peak:,.0f} MB")
+              f"peak memory {peak:,.0f} MB (PSS summed over the processes)")
         if dt:
             print(f"datatrove 4-stage MinHash, 2 workers: {n_docs / med([x[0] for x in dt]):,.0f} docs/s, "
                   f"peak RSS {med([x[1] for x in dt]) / 2**20:,.0f} MB, kept {dt[-1][2]:,}")
