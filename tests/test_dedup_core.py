@@ -58,3 +58,20 @@ def test_the_highest_priority_dataset_keeps_its_copy_then_the_smallest_id():
     ids = ["cc/9", "wiki/b", "wiki/a", "books/2", "books/1", "alone"]
     keep = representatives(labels, priority, ids)
     assert keep.tolist() == [2, 2, 2, 4, 4, 5]
+
+
+@pytest.mark.parametrize("order", [(0, 1, 2), (0, 2, 1), (2, 0, 1), (1, 0, 2)])
+def test_a_bucket_links_every_verified_pair_whatever_the_order(order):
+    """A={0..99}, B={20..119}, C={0..119}: J(A,C) = J(B,C) = 0.83 >= 0.8 > J(A,B) = 0.67. Comparing a
+    member only with the first match (or only with unmatched members) leaves B or A apart from C."""
+    from tasks.dedup.graph import _link
+    from tasks.dedup.minhash import shingle_sets
+
+    sets = [np.arange(0, 100), np.arange(20, 120), np.arange(0, 120)]
+    hashes = np.concatenate([sets[i] for i in order]).astype(np.uint32)
+    offsets = np.cumsum([0] + [len(sets[i]) for i in order]).astype(np.int64)
+    s, off = shingle_sets(hashes, offsets)
+    edges, checked, rejected = _link(3, np.arange(3), np.array([0, 3]), np.arange(3), s, off, 0.8, 256, True)
+    assert len(set(components(3, edges).tolist())) == 1 and rejected <= 1  # A-B only if checked before C joins them
+    edges, _, _ = _link(3, np.arange(3), np.array([0, 3]), np.arange(3), s, off, 0.8, 1, True)
+    assert len(set(components(3, edges).tolist())) < 3  # one centre: the first member's matches only

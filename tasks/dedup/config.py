@@ -30,8 +30,9 @@ class DedupParams(Strict):
     bands: int = Field(20, ge=0, description="LSH bands; 0 with rows 0: derived from threshold as datasketch does.")
     rows: int = Field(6, ge=0, description="Signature values per band (bands x rows <= num_perm).")
     verify: bool = Field(True, description="Check each LSH candidate's exact Jaccard of shingle sets (drops false positives).")
-    max_centers: int = Field(64, ge=1, le=100_000,
-                             description="Per bucket, distinct verified clusters tried before a member is left unlinked.")
+    max_centers: int = Field(256, ge=1, le=100_000,
+                             description="Each bucket member is compared with the bucket's first this-many members "
+                                         "(all pairs in smaller buckets; a 100,000-member bucket stays linear).")
     band_shards: int = Field(0, ge=0, description="Shards of the bucket pass (bands split among them); 0: one per band.")
     device: Literal["auto", "cpu", "gpu"] = Field(
         "auto", description="Where signatures are computed: gpu (a CuPy kernel, bit-identical), cpu, or auto (gpu when present).")

@@ -4,11 +4,10 @@ buckets (sharded by band): for each LSH band, documents whose band of the signat
 a bucket; each bucket of two or more is written as a sorted member list (CSR: members + starts).
 Exact duplicates already removed and documents without words take no part.
 
-components (global): each bucket links its members. With verification a member is linked to the
-first of the bucket's "centres" whose exact Jaccard (of shingle sets) with it reaches the threshold,
-and becomes a new centre when none does (at most `max_centers`); a pair already in one component is
-not checked again. Without verification every member is linked to the bucket's first (datatrove's
-star). The graph's connected components keep one document each, by dataset priority (MT-NLG)."""
+components (global): each bucket links its members. Each member is compared with each of the
+bucket's first `max_centers` members (all pairs, in buckets up to that size) that is not yet in its
+component; with verification a pair is joined when the exact Jaccard of their shingle sets reaches the
+threshold, without it every pair is (the star datatrove builds). The graph's connected components keep one document each, by dataset priority (MT-NLG)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -98,7 +97,9 @@ def _jaccard(sets, off, a, b):  # pragma: no cover - compiled
 
 @numba.njit(cache=True, nogil=True)
 def _link(n, members, starts, local, sets, off, threshold, max_centers, verify):  # pragma: no cover - compiled
-    """Edges (u, v) that joined two components, and (pairs checked, pairs rejected)."""
+    """Edges (u, v) that joined two components, and (pairs checked, pairs rejected). Each member of a
+    bucket is compared with each of the bucket's first `max_centers` members that is not already in
+    its component (all pairs in a bucket up to that size), joined on every verified match."""
     parent = np.arange(n)
     eu, ev = [0], [0]
     checked, rejected = 0, 0
@@ -107,13 +108,10 @@ def _link(n, members, starts, local, sets, off, threshold, max_centers, verify):
         nc = 0
         for s in range(starts[q], starts[q + 1]):
             m = members[s]
-            rm = _find(parent, m)
-            linked = False
             for c in range(nc):
-                rc = _find(parent, centres[c])
+                rm, rc = _find(parent, m), _find(parent, centres[c])
                 if rc == rm:
-                    linked = True
-                    break
+                    continue  # joined already (through another member or band): nothing to check
                 if verify:
                     checked += 1
                     if _jaccard(sets, off, local[m], local[centres[c]]) < threshold:
@@ -122,9 +120,7 @@ def _link(n, members, starts, local, sets, off, threshold, max_centers, verify):
                 parent[max(rm, rc)] = min(rm, rc)
                 eu.append(m)
                 ev.append(centres[c])
-                linked = True
-                break
-            if not linked and nc < max_centers:
+            if nc < max_centers:
                 centres[nc] = m
                 nc += 1
     out = np.empty((len(eu) - 1, 2), dtype=np.int64)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from tasks.core.config import PipelineParams
 from tasks.core.stage import GlobalPass, ShardedPass, Stage
+from tasks.decontaminate.ngram_index import HASH_VERSION
 from tasks.dedup.exact import build_exact
 from tasks.dedup.graph import bucket_shard, build_components, plan_buckets
 from tasks.dedup.removal import aside_shard, plan_aside, plan_remove, remove_shard
@@ -24,7 +25,7 @@ SIGNATURE_VERSION = 1  # part of the signature pass's fingerprint: change it whe
 
 def signature_params(p: PipelineParams) -> dict:
     d = p.dedup
-    return {"version": SIGNATURE_VERSION, "shingle": d.shingle, "ngram": d.ngram, "num_perm": d.num_perm,
+    return {"version": SIGNATURE_VERSION, "normalisation": HASH_VERSION, "shingle": d.shingle, "ngram": d.ngram, "num_perm": d.num_perm,
             "seed": d.seed, "verify": d.verify}
 
 
@@ -49,8 +50,9 @@ STAGE = Stage(
         GlobalPass("exact", build=build_exact, params=exact_params),
         ShardedPass("buckets", plan=plan_buckets, process=bucket_shard, params=bucket_params),
         GlobalPass("components", build=build_components, params=component_params),
-        ShardedPass("aside", plan=plan_aside, process=aside_shard, params=lambda p: {}),
-        ShardedPass("remove", plan=plan_remove, process=remove_shard, params=lambda p: {}),
+        # batch_docs sets the Parquet row groups: the same rows, other bytes
+        ShardedPass("aside", plan=plan_aside, process=aside_shard, params=lambda p: {"batch_docs": p.dedup.batch_docs}),
+        ShardedPass("remove", plan=plan_remove, process=remove_shard, params=lambda p: {"batch_docs": p.dedup.batch_docs}),
     ),
     suite="tasks.validation.dedup",
 )

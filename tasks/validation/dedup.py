@@ -55,14 +55,14 @@ def recheck(p, ctx: Context) -> dict[str, int]:
         mine = np.isin(k, k[np.isin(kept, sample)])
         order = np.argsort(k[mine], kind="stable")
         ks, idx = k[mine][order], kept[mine][order]
-        # every pair within a run of equal keys, one of them sampled (runs are small once deduplicated)
         edge = np.flatnonzero(ks[1:] != ks[:-1]) + 1
         for lo, hi in zip(np.concatenate([[0], edge]), np.concatenate([edge, [len(ks)]])):
-            if hi - lo > 1:
+            if hi - lo > 1:  # each sampled member with each of its run mates: memory O(run x sampled)
                 run = idx[lo:hi]
-                a, c = np.meshgrid(run, run, indexing="ij")
-                sel = (a < c) & (np.isin(a, sample) | np.isin(c, sample))
-                pairs.append(np.stack([a[sel], c[sel]], axis=1))
+                mine = run[np.isin(run, sample)]
+                a, c = np.repeat(mine, len(run)), np.tile(run, len(mine))
+                sel = a != c
+                pairs.append(np.stack([np.minimum(a[sel], c[sel]), np.maximum(a[sel], c[sel])], axis=1))
     if not pairs:
         return {}
     pairs = np.unique(np.concatenate(pairs), axis=0)
