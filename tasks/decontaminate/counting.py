@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from tasks.core.config import PipelineParams
-from tasks.core.passes import Shard, ShardStats
+from tasks.core.passes import Shard, ShardStats, savez
 from tasks.core.schema import iter_batches, text_bytes
 from tasks.core.stage import Context
 from tasks.decontaminate.matching import batch_hits, load_index
@@ -39,7 +39,7 @@ def count_shard(shard: Shard, tmp: Path, p: PipelineParams, ctx: Context) -> Sha
     entries, docs = np.unique(pairs_all % max(1, len(index.hashes)), return_counts=True)
     matched_rows = np.concatenate(rows) if rows else np.empty(0, np.int64)
     with open(tmp, "wb") as fh:
-        np.savez(fh, entries=entries, docs=docs.astype(np.int64), rows=matched_rows)
+        savez(fh, entries=entries, docs=docs.astype(np.int64), rows=matched_rows)
     st.docs_out = st.docs_in
     st.extra = {"docs_with_matches": int(len(matched_rows))}
     return st

@@ -11,7 +11,8 @@ import numpy as np
 from tasks.core.config import PipelineParams
 from tasks.core.stage import Context
 from tasks.dedup.components import representatives
-from tasks.dedup.signing import read, savez, shard_datasets, signature_files
+from tasks.core.passes import savez
+from tasks.dedup.signing import read, shard_datasets, signature_files
 
 KEPT, EXACT, FUZZY = 0, 1, 2  # why a document is removed (reason codes)
 

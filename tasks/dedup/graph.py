@@ -16,13 +16,13 @@ import numba
 import numpy as np
 
 from tasks.core.config import PipelineParams
-from tasks.core.passes import Shard, ShardStats
+from tasks.core.passes import Shard, ShardStats, savez
 from tasks.core.stage import Context
 from tasks.dedup.components import components, representatives
 from tasks.dedup.exact import EXACT, FUZZY, docs_of, layout_of
 from tasks.dedup.lsh import band_keys
 from tasks.dedup.minhash import shingle_sets
-from tasks.dedup.signing import read, savez, signature_files
+from tasks.dedup.signing import read, signature_files
 
 
 def band_groups(p: PipelineParams) -> list[list[int]]:
@@ -176,7 +176,7 @@ def build_components(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
     return report(docs, layout, dup_of, reason, labels, {
         "candidate_docs": int(len(candidates)), "bucket_members": int(len(members_all)),
         "pairs_checked": int(checked), "pairs_rejected": int(rejected), "graph_edges": int(len(edges)),
-        "lsh_bands": p.dedup.lsh()[0], "lsh_rows": p.dedup.lsh()[1]})
+        "lsh_bands": d.lsh()[0], "lsh_rows": d.lsh()[1]})
 
 
 def report(docs: dict, layout: dict, dup_of: np.ndarray, reason: np.ndarray, labels: np.ndarray, extra: dict) -> dict:

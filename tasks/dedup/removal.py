@@ -30,29 +30,31 @@ def plan_aside(p: PipelineParams, ctx: Context) -> list[Shard]:
 plan_remove = plan_aside
 
 
-def _slice(ctx: Context, shard: Shard) -> tuple[int, np.ndarray, np.ndarray]:
-    start, rows = layout_of(ctx)["shards"][shard.name]
+def _slice(layout: dict, ctx: Context, shard: Shard) -> tuple[np.ndarray, np.ndarray]:
+    """This shard's rows of the components pass's dup_of and reason."""
+    start, rows = layout["shards"][shard.name]
     dup_of, reason = removed_of(ctx)
-    return start, dup_of[start:start + rows], reason[start:start + rows]
+    return dup_of[start:start + rows], reason[start:start + rows]
 
 
 def aside_shard(shard: Shard, tmp: Path, p: PipelineParams, ctx: Context) -> ShardStats:
-    start, dup_of, reason = _slice(ctx, shard)
-    docs, names = docs_of(ctx), layout_of(ctx)["datasets"]
+    layout, docs = layout_of(ctx), docs_of(ctx)
+    dup_of, reason = _slice(layout, ctx, shard)
     st, row = ShardStats(), 0
     with pq.ParquetWriter(tmp, ASIDE_SCHEMA, compression="zstd", write_statistics=False) as w:
         for batch in iter_batches(Path(shard.inputs[0]), None, p.dedup.batch_docs):
             table = pa.Table.from_batches([batch])
             st.docs_in += table.num_rows
             mine = np.flatnonzero(dup_of[row:row + table.num_rows] >= 0)
-            target = dup_of[row + mine]
-            row += table.num_rows
+            rows, row = row + mine, row + table.num_rows
             if not len(mine):
                 continue
+            target = dup_of[rows]
             out = table.take(pa.array(mine))
-            out = out.append_column("reason", pa.array([REASONS[r] for r in reason[row - table.num_rows + mine]]))
+            out = out.append_column("reason", pa.array([REASONS[r] for r in reason[rows]]))
             out = out.append_column("duplicate_of", pa.array([x.decode("utf-8") for x in docs["ids"][target]]))
-            out = out.append_column("duplicate_of_dataset", pa.array([names[c] for c in docs["dataset"][target]]))
+            out = out.append_column("duplicate_of_dataset",
+                                    pa.array([layout["datasets"][c] for c in docs["dataset"][target]]))
             w.write_table(out)
             st.docs_out += len(mine)
             st.bytes_out += text_bytes(out)
@@ -60,7 +62,7 @@ def aside_shard(shard: Shard, tmp: Path, p: PipelineParams, ctx: Context) -> Sha
 
 
 def remove_shard(shard: Shard, tmp: Path, p: PipelineParams, ctx: Context) -> ShardStats:
-    _, dup_of, reason = _slice(ctx, shard)
+    dup_of, reason = _slice(layout_of(ctx), ctx, shard)
     st, row = ShardStats(), 0
     with DocWriter(tmp) as w:
         for batch in iter_batches(Path(shard.inputs[0]), None, p.dedup.batch_docs):

@@ -5,14 +5,13 @@ Later passes address documents by a global index: the input shards in name order
 from __future__ import annotations
 
 import json
-import zipfile
 from pathlib import Path
 
 import numpy as np
 
 from tasks.core.config import PipelineParams
 from tasks.core.errors import ConfigError
-from tasks.core.passes import Shard, ShardStats
+from tasks.core.passes import Shard, ShardStats, savez
 from tasks.core.schema import iter_batches, text_bytes
 from tasks.core.stage import Context
 from tasks.decontaminate.ngram_index import B, _fmix
@@ -91,14 +90,6 @@ def sign_shard(shard: Shard, tmp: Path, p: PipelineParams, ctx: Context) -> Shar
     st.docs_out = n
     st.extra = {"docs_without_words": int(n - has_words.sum())}
     return st
-
-
-def savez(fh, **arrays: np.ndarray) -> None:
-    """np.savez with fixed zip timestamps: the same arrays give the same bytes (numpy stamps the time)."""
-    with zipfile.ZipFile(fh, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
-        for name, a in arrays.items():
-            with z.open(zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0)), "w", force_zip64=True) as f:
-                np.lib.format.write_array(f, np.asanyarray(a), allow_pickle=False)
 
 
 def signature_files(ctx: Context) -> list[Path]:
