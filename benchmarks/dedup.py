@@ -210,7 +210,8 @@ def signature_rates(texts: list[str], small: list[str]) -> tuple[float, float, f
 
 def sample_truth(tmp: Path) -> tuple[float, float, int]:
     """The built-in sample's planted exact and near duplicates, through sample -> extract -> dedup."""
-    p = parse_params({**json.loads(json.dumps(_yaml("params.yaml"))), "paths": {"data_dir": str(tmp / "data")}})
+    raw = json.loads(json.dumps(_yaml("params.yaml")))
+    p = parse_params({**raw, "paths": {"data_dir": str(tmp / "data")}, "dedup": {**raw["dedup"], "input_stage": "extract"}})
     for s in ("sample", "download", "extract", "dedup"):
         run_stage(s, p)
     truth = json.loads((tmp / "data/sample/corpus/ground_truth.json").read_text())["documents"]
@@ -245,7 +246,7 @@ def main() -> None:
         # made in a child process: the corpus is never in this one, whose memory is measured with the stage's
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("forkserver")) as pool:
             pairs, texts, n_docs, n_shards = pool.submit(write_corpus, data, args.docs, args.words, args.seed).result()
-        p = parse_params({"paths": {"data_dir": str(data)}, "dedup": {"priority": DATASETS[:2]}})
+        p = parse_params({"paths": {"data_dir": str(data)}, "dedup": {"input_stage": "extract", "priority": DATASETS[:2]}})
         adopt_outputs(p, "extract")
         print(f"corpus: {n_docs:,} documents of {args.words} words, {len(pairs):,} planted copies, "
               f"{n_shards} shards ({time.perf_counter() - t0:.1f} s)")

@@ -71,6 +71,14 @@ def stats_markdown(stats: dict, report: ValidationReport | None, p: PipelinePara
         lines += ["", "Removed (rows) in favour of (columns):", "",
                   "| removed \\ kept | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
         lines += [f"| {a} | " + " | ".join(f"{m.get(a, {}).get(b, 0):,}" for b in names) + " |" for a in names]
+    if isinstance(stats.get("filter"), dict):  # filter: per dataset, kept and dropped by reason
+        rows = stats["filter"]["datasets"]
+        lines += ["", "Filter: documents per dataset, kept and dropped by the first rule each failed", "",
+                  "| dataset | documents | kept | kept fraction | dropped (reason: documents) |", "|---|---|---|---|---|"]
+        lines += [f"| {n} | {r['docs']:,} | {r['kept']:,} | {_cell(r['kept_fraction'])} | "
+                  + ", ".join(f"{k}: {v:,}" for k, v in r["dropped"].items()) + " |" for n, r in rows.items()]
+        if stats.get("classifier_auc") is not None:
+            lines += ["", f"Quality classifier ({stats.get('classifier')}): held-out AUC {stats['classifier_auc']:.4f}"]
     if isinstance(stats.get("blend"), dict):  # tokenize: the blend, per dataset
         lines += ["", f"Blend: {stats.get('samples')} samples"
                       + (" (weights normalised to sum 1)" if stats.get("weights_normalised") else "")

@@ -74,6 +74,19 @@ def heatmap_png(title: str, matrix: dict[str, dict[str, int]], names: list[str])
     return _png(fig)
 
 
+def histogram_png(title: str, counts: dict[str, list[int]]) -> bytes:
+    """Per dataset, documents per score bin over [0, 1] (the filter's quality scores), as step lines."""
+    fig, ax = plt.subplots(figsize=(6.4, 3.2), dpi=90)
+    for name, c in sorted(counts.items())[:10]:
+        edges = [i / len(c) for i in range(len(c) + 1)]
+        ax.stairs(c, edges, label=name, linewidth=1.5)
+    ax.set_xlabel("quality score")
+    ax.set_ylabel("documents")
+    ax.set_title(title, fontsize=11)
+    ax.legend(fontsize=7)
+    return _png(fig)
+
+
 def curve_png(title: str, points: list[list[float]], ylabel: str) -> bytes:
     """A line chart of (x, y) points (the training loss per step)."""
     fig, ax = plt.subplots(figsize=(6.4, 3.2), dpi=90)
@@ -153,6 +166,9 @@ def stage_plots(stats: dict) -> list[tuple[str, bytes]]:
         out.append(("Whose copies were removed in favour of whose",
                     heatmap_png("dedup: removed (rows) in favour of kept (columns)", d["removed_in_favour_of"],
                                 sorted(d["datasets"]))))
+    if isinstance(stats.get("filter"), dict) and stats["filter"].get("score_histogram"):
+        out.append(("Quality scores per dataset", histogram_png("filter: classifier scores per dataset",
+                                                                stats["filter"]["score_histogram"])))
     if stats.get("loss_curve"):
         out.append(("Training loss", curve_png("train: loss per step", stats["loss_curve"], "loss")))
     if isinstance(stats.get("accuracy"), dict) and stats["accuracy"]:

@@ -41,7 +41,7 @@ def run(tmp_path: Path, shards: list[list[dict]], **dedup) -> tuple[dict, dict, 
     for k, docs in enumerate(shards):
         if not (data / f"extract/shards/s{k}.parquet").exists():  # a rerun leaves the input untouched
             write_docs(data / f"extract/shards/s{k}.parquet", docs)
-    p = parse_params({"paths": {"data_dir": str(data)}, "dedup": {"priority": ["Wiki", "Books"], **dedup}})
+    p = parse_params({"paths": {"data_dir": str(data)}, "dedup": {"input_stage": "extract", "priority": ["Wiki", "Books"], **dedup}})
     adopt_outputs(p, "extract")
     stats = run_stage("dedup", p)
     assert validate_stage("dedup", p).success
@@ -149,7 +149,7 @@ def test_the_suite_finds_counts_that_do_not_add_up(tmp_path):
     out = sorted((data / "dedup/shards").glob("*.parquet"))[0]
     rows = pq.read_table(out).to_pylist()
     write_docs(out, rows + [{**rows[0], "id": "CC/sneaked-back"}])
-    p = parse_params({"paths": {"data_dir": str(data)}, "dedup": {"priority": ["Wiki", "Books"]}})
+    p = parse_params({"paths": {"data_dir": str(data)}, "dedup": {"input_stage": "extract", "priority": ["Wiki", "Books"]}})
     with pytest.raises(ExpectationFailed, match="count_mismatch"):
         validate_stage("dedup", p)
 

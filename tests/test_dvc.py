@@ -33,7 +33,7 @@ def set_param(repo: Path, stage: str, key: str, value) -> None:
 
 def test_repro_then_noop_then_only_changed_stages(tmp_path):
     repo = copy_project(tmp_path)
-    assert ran(dvc(repo, "repro")) == ["sample", "download", "extract", "dedup", "decontaminate", "tokenize", "train",
+    assert ran(dvc(repo, "repro")) == ["sample", "download", "extract", "filter", "dedup", "decontaminate", "tokenize", "train",
                                        "evaluate"]
     assert (repo / "data/extract/stats.json").is_file() and (repo / "dvc.lock").is_file()
     assert ran(dvc(repo, "repro")) == []
@@ -48,10 +48,10 @@ def test_repro_then_noop_then_only_changed_stages(tmp_path):
                                        ["decontaminate", "tokenize", "train", "evaluate"])
 
     set_param(repo, "extract", "min_text_chars", 2000)  # drops documents: its output changes
-    assert ran(dvc(repo, "repro")) == ["extract", "dedup", "decontaminate", "tokenize", "train", "evaluate"]
+    assert ran(dvc(repo, "repro")) == ["extract", "filter", "dedup", "decontaminate", "tokenize", "train", "evaluate"]
 
     set_param(repo, "download", "n_files", 1)
-    assert ran(dvc(repo, "repro")) == ["download", "extract", "dedup", "decontaminate", "tokenize", "train", "evaluate"]
+    assert ran(dvc(repo, "repro")) == ["download", "extract", "filter", "dedup", "decontaminate", "tokenize", "train", "evaluate"]
     metrics = dvc(repo, "metrics", "show")
     assert "data/extract/stats.json" in metrics and "docs_out" in metrics
     assert "accuracy.boolq.zero-shot" in metrics  # the evaluation's Figure-3 numbers
@@ -62,7 +62,7 @@ def test_prefect_run_leaves_dvc_up_to_date(tmp_path):
     out = subprocess.run([sys.executable, "-m", "flows.pipeline", "params.yaml"], cwd=repo, env=ENV,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "recorded in dvc.lock: sample, download, extract, dedup, decontaminate, tokenize, train, evaluate" \
+    assert "recorded in dvc.lock: sample, download, extract, filter, dedup, decontaminate, tokenize, train, evaluate" \
         in out.stdout + out.stderr
     assert "Data and pipelines are up to date." in dvc(repo, "status")
     assert ran(dvc(repo, "repro")) == []

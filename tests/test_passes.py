@@ -71,7 +71,7 @@ def content(stage_dir: Path) -> dict:
 
 def test_kill_9_during_the_index_pass_then_rerun_is_byte_identical(tmp_path):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(small_raw(tmp_path / "data")))
-    for stage in ("sample", "download", "extract", "dedup", "decontaminate"):
+    for stage in ("sample", "download", "extract", "filter", "dedup", "decontaminate"):
         assert cli(tmp_path, stage).wait() == 0
     stage_dir = tmp_path / "data" / "decontaminate"
     reference = content(stage_dir)
@@ -132,7 +132,7 @@ def test_a_stage_refuses_an_input_stage_that_did_not_complete(tmp_path):
 
 
 def test_stats_name_every_pass_in_order(small_params):
-    for s in ("sample", "download", "extract", "dedup", "decontaminate"):
+    for s in ("sample", "download", "extract", "filter", "dedup", "decontaminate"):
         stats = run_stage(s, small_params)
     assert [p["name"] for p in stats["passes"]] == ["index", "count", "frequent", "remove"]
     assert [p["kind"] for p in stats["passes"]] == ["global", "sharded", "global", "sharded"]

@@ -74,7 +74,8 @@ def test_pipeline_against_server_publishes_artifacts(server, tmp_path):
         flow = api(server, f"/flows/{r['flow_id']}")["name"]
         by_name.setdefault(flow, []).append(r["state_type"])
     assert by_name["pretraining-pipeline"] == ["COMPLETED"]
-    assert {"stage-sample", "stage-download", "stage-extract", "stage-dedup", "stage-decontaminate"} <= set(by_name)
+    assert {"stage-sample", "stage-download", "stage-extract", "stage-filter", "stage-dedup",
+            "stage-decontaminate"} <= set(by_name)
     arts = api(server, "/artifacts/filter",
                {"artifacts": {"key": {"any_": ["download-stats", "extract-stats", "decontaminate-stats"]}}})
     text = {a["key"]: a["data"] for a in arts}
@@ -117,9 +118,9 @@ def test_shards_on_an_existing_dask_cluster(server, tmp_path):
         (repo / "params.yaml").write_text(yaml.safe_dump(raw))
         run([sys.executable, "-m", "flows.pipeline", "params.yaml"], repo, server)
         shard_keys = [k for k in Finished.keys if "shard" in k]
-        # 2 WARC + 2 curated shards through download, extract, dedup's signatures, aside and remove, the
-        # n-gram count pass, removal and tokens; and dedup's 20 LSH bands
-        assert len(shard_keys) == 4 * 8 + 20, shard_keys
+        # 2 WARC + 2 curated shards through download, extract, filter's rules, score, aside and keep,
+        # dedup's signatures, aside and remove, the n-gram count pass, removal and tokens; dedup's 20 LSH bands
+        assert len(shard_keys) == 4 * 12 + 20, shard_keys
     stats = json.loads((repo / "data/extract/stats.json").read_text())
     assert stats["shards"] == 4 and stats["docs_out"] > 0
     # the dedup stage run locally (sequentially) on the same input gives the same bytes as on the cluster
@@ -128,6 +129,7 @@ def test_shards_on_an_existing_dask_cluster(server, tmp_path):
 
     local = tmp_path / "local"
     shutil.copytree(repo / "data/extract", local / "extract")
+    shutil.copytree(repo / "data/filter", local / "filter")
     p = load_params(str(repo / "params.yaml"))
     p = p.model_copy(update={"paths": p.paths.model_copy(update={"data_dir": str(local)})})
     assert run_stage("dedup", p)["docs_out"] == json.loads((repo / "data/dedup/stats.json").read_text())["docs_out"]

@@ -16,6 +16,7 @@ from tasks.core.errors import ConfigError
 from tasks.core.strict import Strict  # noqa: F401  (re-exported: every section derives from it)
 from tasks.dedup.config import DedupParams
 from tasks.evaluate.config import EvaluateParams
+from tasks.filter.config import FilterParams
 from trainer.config import TrainStageParams
 
 
@@ -166,6 +167,7 @@ class PipelineParams(Strict):
     sample: SampleParams = SampleParams()
     download: DownloadParams = DownloadParams()
     extract: ExtractParams = ExtractParams()
+    filter: FilterParams = FilterParams()
     dedup: DedupParams = DedupParams()
     decontaminate: DecontamParams = DecontamParams()
     tokenize: TokenizeParams = TokenizeParams()

@@ -8,11 +8,12 @@ from tasks.dedup.stage import STAGE as dedup
 from tasks.download.stage import STAGE as download
 from tasks.evaluate.stage import STAGE as evaluate
 from tasks.extract.stage import STAGE as extract
+from tasks.filter.stage import STAGE as filter_
 from tasks.sample.stage import STAGE as sample
 from tasks.tokenize.stage import STAGE as tokenize
 from tasks.train.stage import STAGE as train
 
-STAGES: tuple[Stage, ...] = (sample, download, extract, dedup, decontaminate, tokenize, train, evaluate)
+STAGES: tuple[Stage, ...] = (sample, download, extract, filter_, dedup, decontaminate, tokenize, train, evaluate)
 PIPELINE: tuple[str, ...] = tuple(s.name for s in STAGES)
 _BY_NAME = {s.name: s for s in STAGES}
 

@@ -104,6 +104,8 @@ class Stage:
     suite: str | None = None  # module of its expectation suite (tasks.validation.<stage>)
     environment: Callable[[PipelineParams], ContextManager[dict]] = no_environment
     report: Callable[[dict], dict] | None = None  # stats.json additions from the merged totals
+    # files beside stats.json made from the final stats (relative path -> text): e.g. CSVs for `dvc plots`
+    plot_files: Callable[[dict], dict[str, str]] | None = None
     # its outputs cite the dvc.lock hashes of the stages before it: the pipeline records those first
     cites_lineage: bool = False
 

@@ -13,7 +13,7 @@ class DedupParams(Strict):
     """Exact dedup of normalised text, then MinHash LSH candidates, exact-Jaccard verification and
     connected components; each group keeps one document, chosen by dataset priority."""
 
-    input_stage: Literal["extract"] = Field("extract", description="Stage whose shards are deduplicated.")
+    input_stage: Literal["extract", "filter"] = Field("filter", description="Stage whose shards are deduplicated.")
     priority: list[str] = Field(
         default_factory=list,
         description="Datasets, highest quality first: a group of duplicates keeps its member from the first "

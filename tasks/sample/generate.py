@@ -22,11 +22,14 @@ import zstandard
 from tasks.core.config import SampleParams
 from tasks.evalsets.loaders import TASK_NAMES, load_task
 from tasks.sample.html import page_html
-from tasks.sample.text import TOPICS, foreign_paragraphs, paragraphs, perturb, spam_paragraphs
+from tasks.sample.text import (TOPICS, boilerplate_paragraphs, foreign_paragraphs, lorem_paragraphs, paragraphs, perturb,
+                               repetitive_paragraphs, seo_paragraphs, spam_paragraphs)
 from tasks.sample.warc_writer import WarcBuilder, http_response
 
-KINDS = (("normal", 0.52), ("exact_dup", 0.07), ("near_dup", 0.10), ("spam", 0.09),
-         ("non_english", 0.09), ("contaminated", 0.13))
+KINDS = (("normal", 0.40), ("exact_dup", 0.06), ("near_dup", 0.08), ("spam", 0.07), ("non_english", 0.07),
+         ("contaminated", 0.11), ("boilerplate", 0.06), ("repetitive", 0.05), ("lorem", 0.03), ("seo", 0.07))
+# what the filter stage should remove (the rest is prose worth training on, duplicates included)
+LOW_QUALITY = ("spam", "non_english", "boilerplate", "repetitive", "lorem", "seo")
 CURATED = (("Wikipedia (en)", "wikipedia_en.jsonl.zst"), ("StackExchange", "stackexchange.jsonl"))
 SEGMENT = "1606141163411.0"
 
@@ -86,6 +89,14 @@ def _page(rng: random.Random, url: str, corpus: _Corpus, passages: dict[str, lis
         return text.split("\n\n"), info
     if kind == "spam":
         return spam_paragraphs(rng, rng.randint(3, 6)), info
+    if kind == "boilerplate":
+        return boilerplate_paragraphs(rng), info
+    if kind == "repetitive":
+        return repetitive_paragraphs(rng, topic), info
+    if kind == "lorem":
+        return lorem_paragraphs(rng), info
+    if kind == "seo":
+        return seo_paragraphs(rng), info
     if kind == "non_english":
         info["lang"] = rng.choice(["de", "fr", "es"])
         return foreign_paragraphs(rng, info["lang"], rng.randint(3, 6)), info

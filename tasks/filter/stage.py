@@ -1,0 +1,72 @@
+"""Stage `filter`: heuristic rules, then GPT-3's quality classifier, between extract and dedup.
+Passes and what each writes: tasks.filter.passes."""
+from __future__ import annotations
+
+from tasks.core.config import PipelineParams
+from tasks.core.stage import GlobalPass, ShardedPass, Stage
+from tasks.filter.passes import (BINS, aside_shard, build_classifier, classifier_inputs, keep_shard, plan_outputs,
+                                 plan_rules, plan_scores, rules_shard, score_shard)
+from tasks.filter.textstats import N_FIXED
+
+NAME = "filter"
+RULES_VERSION = 1  # part of the rules pass's fingerprint: change it when a rule's computation changes
+
+
+def rule_params(p: PipelineParams) -> dict:
+    f = p.filter
+    return {"version": RULES_VERSION, "stats": N_FIXED, "batch_docs": f.batch_docs,
+            **f.model_dump(mode="json", include={"language", "gopher_quality", "gopher_repetition", "c4", "exempt"})}
+
+
+def classifier_params(p: PipelineParams) -> dict:
+    c = p.filter.classifier
+    return c.model_dump(mode="json", exclude={"alpha", "min_kept", "max_kept"})
+
+
+def report(stats: dict) -> dict:
+    """stats.json's `filter`: per dataset the documents in, kept and dropped by reason; the score histograms."""
+    datasets: dict[str, dict] = {}
+    hist: dict[str, list[int]] = {}
+    for k, v in stats.get("extra", {}).items():
+        kind, name, last = (k.split("|") + ["", ""])[:3]
+        if kind == "filter.hist":
+            hist.setdefault(name, [0] * BINS)[int(last)] += v
+        elif kind == "filter.ds":
+            row = datasets.setdefault(name, {"docs": 0, "kept": 0, "dropped": {}})
+            row["docs"] += v
+            if last == "kept":
+                row["kept"] += v
+            else:
+                row["dropped"][last] = v
+    for row in datasets.values():
+        row["kept_fraction"] = round(row["kept"] / row["docs"], 6) if row["docs"] else None
+        row["dropped"] = dict(sorted(row["dropped"].items()))
+    return {"filter": {"datasets": dict(sorted(datasets.items())), "score_histogram": dict(sorted(hist.items())),
+                       "bins": BINS}}
+
+
+def plot_files(stats: dict) -> dict[str, str]:
+    """`dvc plots show`: the classifier's score histogram, one CSV per dataset."""
+    out = {}
+    for name, counts in stats.get("filter", {}).get("score_histogram", {}).items():
+        slug = "".join(ch if ch.isalnum() else "_" for ch in name).strip("_").lower()
+        rows = [f"{(b + 0.5) / BINS:.3f},{n}" for b, n in enumerate(counts)]
+        out[f"plots/scores_{slug}.csv"] = "score,documents\n" + "\n".join(rows) + "\n"
+    return out
+
+
+STAGE = Stage(
+    name=NAME, section="filter", input=lambda p: p.filter.input_stage,
+    doc="Heuristic rules (language, Gopher quality and repetition, C4 lines), then GPT-3's quality classifier.",
+    passes=(
+        ShardedPass("rules", plan=plan_rules, process=rules_shard, params=rule_params),
+        GlobalPass("classifier", build=build_classifier, params=classifier_params, inputs=classifier_inputs),
+        ShardedPass("score", plan=plan_scores, process=score_shard,
+                    params=lambda p: {**classifier_params(p), "alpha": p.filter.classifier.alpha}),
+        ShardedPass("aside", plan=plan_outputs, process=aside_shard, params=lambda p: {"batch_docs": p.filter.batch_docs}),
+        ShardedPass("keep", plan=plan_outputs, process=keep_shard, params=lambda p: {"batch_docs": p.filter.batch_docs}),
+    ),
+    suite="tasks.validation.filter",
+    report=report,
+    plot_files=plot_files,
+)

@@ -1,0 +1,326 @@
+"""The statistics of the Gopher quality and repetition rules, for a batch of documents, in one compiled
+pass over their UTF-8 bytes (datatrove computes them with spaCy's tokenizer and Python n-gram lists,
+most of its filtering time; a byte loop needs neither).
+
+Words follow spaCy's English tokenizer closely enough for ratios: whitespace-separated tokens, with a
+leading and a trailing run of punctuation split off as tokens of their own (so "end." is the word "end"
+and the symbol "."). Lengths are in code points, as Python's len(). Repetition elements (paragraphs,
+lines, n-grams) are compared by 64-bit hashes; a collision needs ~2^32 distinct elements in one page.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+# columns of the per-document statistics
+(TOKENS, WORDS, WORD_CHARS, ALPHA_TOKENS, HASHES, ELLIPSES, LINES, BULLET_LINES, ELLIPSIS_LINES, STOP_WORDS,
+ CHARS, CONTROL_CHARS, PARAS, DUP_PARAS, DUP_PARA_CHARS, NL_LINES, DUP_LINES, DUP_LINE_CHARS) = range(18)
+N_FIXED = 18
+STOP = ("the", "be", "to", "of", "and", "that", "have", "with")  # Gopher's stop words (case-sensitive)
+_FNV, _PRIME = np.uint64(0xCBF29CE484222325), np.uint64(0x100000001B3)
+
+
+def _fnv(word: str) -> int:
+    h = 0xCBF29CE484222325
+    for c in word:
+        h = ((h ^ ord(c)) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+STOP_HASHES = np.array([_fnv(w) for w in STOP], dtype=np.uint64)
+
+
+@numba.njit(cache=True, inline="always")
+def _is_space(c):
+    return c == 32 or 9 <= c <= 13 or c == 0x85 or c == 0xA0 or c == 0x1680 or 0x2000 <= c <= 0x200A \
+        or c == 0x2028 or c == 0x2029 or c == 0x202F or c == 0x205F or c == 0x3000 or 0x1C <= c <= 0x1F
+
+
+@numba.njit(cache=True, inline="always")
+def _is_punct(c):
+    if c < 128:
+        return 33 <= c <= 47 or 58 <= c <= 64 or 91 <= c <= 96 or 123 <= c <= 126
+    return 0xA1 <= c <= 0xBF or c == 0xD7 or c == 0xF7 or 0x2010 <= c <= 0x205E or 0x20A0 <= c <= 0x20CF \
+        or 0x2100 <= c <= 0x2BFF or 0x3000 <= c <= 0x303F or 0xFF01 <= c <= 0xFF0F or 0xFF1A <= c <= 0xFF20 \
+        or 0xFF3B <= c <= 0xFF40 or 0xFF5B <= c <= 0xFF65 or 0x1F000 <= c <= 0x1FAFF or c == 0xFFFD
+
+
+@numba.njit(cache=True, inline="always")
+def _is_alpha(c):
+    if c < 128:
+        return 65 <= c <= 90 or 97 <= c <= 122
+    return c >= 0xC0 and not _is_punct(c) and not _is_space(c)
+
+
+@numba.njit(cache=True)
+def _decode(buf, lo, hi, out):  # pragma: no cover - compiled
+    """UTF-8 bytes -> code points (Arrow strings are valid UTF-8); returns how many."""
+    n, i = 0, lo
+    while i < hi:
+        b = np.int64(buf[i])
+        if b < 0x80:
+            cp, k = b, 1
+        elif b < 0xE0:
+            cp, k = b & 0x1F, 2
+        elif b < 0xF0:
+            cp, k = b & 0x0F, 3
+        else:
+            cp, k = b & 0x07, 4
+        for j in range(1, k):
+            if i + j < hi:
+                cp = (cp << 6) | (np.int64(buf[i + j]) & 0x3F)
+        out[n] = cp
+        n += 1
+        i += k
+    return n
+
+
+@numba.njit(cache=True)
+def _span_hash(cp, lo, hi):  # pragma: no cover - compiled
+    h = _FNV
+    for i in range(lo, hi):
+        h = (h ^ np.uint64(cp[i])) * _PRIME
+    return h
+
+
+@numba.njit(cache=True)
+def _seen(table, used, n_used, key):  # pragma: no cover - compiled
+    """Insert `key` into the open-addressing set; returns (was it there, n_used)."""
+    if key == 0:
+        key = np.uint64(1)
+    mask = len(table) - 1
+    i = np.int64(key & np.uint64(mask))
+    while True:
+        if table[i] == key:
+            return True, n_used
+        if table[i] == 0:
+            table[i] = key
+            used[n_used] = i
+            return False, n_used + 1
+        i = (i + 1) & mask
+
+
+@numba.njit(cache=True)
+def _clear(table, used, n_used):  # pragma: no cover - compiled
+    for k in range(n_used):
+        table[used[k]] = 0
+
+
+@numba.njit(cache=True)
+def _dups(cp, starts, ends, n, table, used):  # pragma: no cover - compiled
+    """(elements seen before, their characters) of the spans, as datatrove's find_duplicates."""
+    dup, chars, n_used = 0, 0, 0
+    for k in range(n):
+        was, n_used = _seen(table, used, n_used, _span_hash(cp, starts[k], ends[k]))
+        if was:
+            dup += 1
+            chars += ends[k] - starts[k]
+    _clear(table, used, n_used)
+    return dup, chars
+
+
+@numba.njit(cache=True)
+def _doc_stats(cp, m, row, top_ns, dup_ns, stop_hashes, tok_h, tok_len, starts, ends, table, used, counts):
+    # pragma: no cover - compiled
+    # ---- tokens (spaCy-like) and the quality counts ----
+    nt, i = 0, 0
+    while i < m:
+        if _is_space(cp[i]):
+            i += 1
+            continue
+        s = i
+        while i < m and not _is_space(cp[i]):
+            i += 1
+        e, a = i, s
+        while a < e and _is_punct(cp[a]):
+            a += 1
+        b = e
+        while b > a and _is_punct(cp[b - 1]):
+            b -= 1
+        if a == e:  # all punctuation: one symbol token
+            tok_h[nt], tok_len[nt] = _span_hash(cp, s, e), e - s
+            nt += 1
+            continue
+        if a > s:
+            tok_h[nt], tok_len[nt] = _span_hash(cp, s, a), a - s
+            nt += 1
+        h = _span_hash(cp, a, b)
+        tok_h[nt], tok_len[nt] = h, b - a
+        nt += 1
+        row[WORDS] += 1
+        row[WORD_CHARS] += b - a
+        for k in range(a, b):
+            if _is_alpha(cp[k]):
+                row[ALPHA_TOKENS] += 1
+                break
+        for k in range(len(stop_hashes)):
+            if h == stop_hashes[k]:
+                row[STOP_WORDS] = np.int64(row[STOP_WORDS]) | (1 << k)
+        if b < e:
+            tok_h[nt], tok_len[nt] = _span_hash(cp, b, e), e - b
+            nt += 1
+    row[TOKENS] = nt
+    bits = np.int64(row[STOP_WORDS])
+    row[STOP_WORDS] = 0
+    for k in range(len(stop_hashes)):
+        row[STOP_WORDS] += (bits >> k) & 1
+    row[CHARS] = m
+    k = 0
+    while k < m:
+        c = cp[k]
+        if c == 35:
+            row[HASHES] += 1
+        elif c == 0x2026:
+            row[ELLIPSES] += 1
+        elif c == 46 and k + 2 < m and cp[k + 1] == 46 and cp[k + 2] == 46:
+            row[ELLIPSES] += 1
+            k += 2
+        elif (c < 32 and c != 9 and c != 10 and c != 13) or c == 0xFFFD or 0x7F <= c <= 0x9F:
+            row[CONTROL_CHARS] += 1
+        k += 1
+    # ---- str.splitlines(): bullets and ellipsis endings ----
+    s = 0
+    while s < m:
+        e = s
+        while e < m and not (cp[e] == 10 or cp[e] == 13 or cp[e] == 11 or cp[e] == 12 or 0x1C <= cp[e] <= 0x1E
+                             or cp[e] == 0x85 or cp[e] == 0x2028 or cp[e] == 0x2029):
+            e += 1
+        row[LINES] += 1
+        a = s
+        while a < e and _is_space(cp[a]):
+            a += 1
+        if a < e and (cp[a] == 0x2022 or cp[a] == 45):
+            row[BULLET_LINES] += 1
+        b = e
+        while b > s and _is_space(cp[b - 1]):
+            b -= 1
+        if b > s and (cp[b - 1] == 0x2026 or (b - s >= 3 and cp[b - 1] == 46 and cp[b - 2] == 46 and cp[b - 3] == 46)):
+            row[ELLIPSIS_LINES] += 1
+        s = e + (2 if e + 1 < m and cp[e] == 13 and cp[e + 1] == 10 else 1)
+    # ---- paragraphs: text.strip() split on \n{2,} ----
+    lo, hi = 0, m
+    while lo < hi and _is_space(cp[lo]):
+        lo += 1
+    while hi > lo and _is_space(cp[hi - 1]):
+        hi -= 1
+    n, s, k = 0, lo, lo
+    while k < hi:
+        if cp[k] == 10 and k + 1 < hi and cp[k + 1] == 10:
+            starts[n], ends[n] = s, k
+            n += 1
+            while k < hi and cp[k] == 10:
+                k += 1
+            s = k
+        else:
+            k += 1
+    starts[n], ends[n] = s, hi
+    n += 1
+    row[PARAS] = n
+    row[DUP_PARAS], row[DUP_PARA_CHARS] = _dups(cp, starts, ends, n, table, used)
+    # ---- lines: text split on \n+ (leading / trailing empty elements included, as re.split) ----
+    n, s, k = 0, 0, 0
+    while k < m:
+        if cp[k] == 10:
+            starts[n], ends[n] = s, k
+            n += 1
+            while k < m and cp[k] == 10:
+                k += 1
+            s = k
+        else:
+            k += 1
+    starts[n], ends[n] = s, m
+    n += 1
+    row[NL_LINES] = n
+    row[DUP_LINES], row[DUP_LINE_CHARS] = _dups(cp, starts, ends, n, table, used)
+    # ---- n-grams over the tokens ----
+    col = N_FIXED
+    for q in range(len(top_ns)):  # the most frequent n-gram's " ".join length x its count
+        g = top_ns[q]
+        best = 0
+        if nt >= g:
+            n_used = 0
+            for t in range(nt - g + 1):
+                key = np.uint64(0)
+                for j in range(g):
+                    key = key * _PRIME + tok_h[t + j]
+                key = key | np.uint64(1)
+                idx = np.int64(key & np.uint64(len(table) - 1))
+                while table[idx] != 0 and table[idx] != key:
+                    idx = (idx + 1) & (len(table) - 1)
+                if table[idx] == 0:
+                    table[idx] = key
+                    used[n_used] = idx
+                    n_used += 1
+                counts[idx] += 1
+                starts[t] = idx
+            top = 0
+            for t in range(nt - g + 1):
+                top = max(top, counts[starts[t]])
+            for t in range(nt - g + 1):  # ties: the first seen, as Counter.most_common
+                if counts[starts[t]] == top:
+                    length = g - 1
+                    for j in range(g):
+                        length += tok_len[t + j]
+                    best = length * top
+                    break
+            for k in range(n_used):
+                counts[used[k]] = 0
+            _clear(table, used, n_used)
+        row[col] = best
+        col += 1
+    for q in range(len(dup_ns)):  # characters of repeated n-grams, skipping past each, as datatrove
+        g = dup_ns[q]
+        rep, n_used, t = 0, 0, 0
+        while t < nt - g + 1:
+            key = np.uint64(0)
+            length = 0
+            for j in range(g):
+                key = key * _PRIME + tok_h[t + j]
+                length += tok_len[t + j]
+            was, n_used = _seen(table, used, n_used, key)
+            if was:
+                rep += length
+                t += g
+            else:
+                t += 1
+        _clear(table, used, n_used)
+        row[col] = rep
+        col += 1
+
+
+@numba.njit(cache=True)
+def _batch(buf, offsets, top_ns, dup_ns, stop_hashes, out):  # pragma: no cover - compiled
+    longest = 1
+    for d in range(len(offsets) - 1):
+        longest = max(longest, offsets[d + 1] - offsets[d])
+    cp = np.empty(longest + 1, dtype=np.int64)
+    tok_h = np.empty(longest + 1, dtype=np.uint64)
+    tok_len = np.empty(longest + 1, dtype=np.int64)
+    starts = np.empty(longest + 2, dtype=np.int64)
+    ends = np.empty(longest + 2, dtype=np.int64)
+    size = 16
+    while size < 2 * (longest + 2):
+        size *= 2
+    table = np.zeros(size, dtype=np.uint64)
+    used = np.empty(longest + 2, dtype=np.int64)
+    counts = np.zeros(size, dtype=np.int64)
+    for d in range(len(offsets) - 1):
+        m = _decode(buf, offsets[d], offsets[d + 1], cp)
+        _doc_stats(cp, m, out[d], top_ns, dup_ns, stop_hashes, tok_h, tok_len, starts, ends, table, used, counts)
+
+
+def text_stats(texts, top_ns, dup_ns) -> np.ndarray:
+    """Per document (rows) the columns above, then the top n-gram characters for each n of `top_ns`,
+    then the repeated n-gram characters for each n of `dup_ns`. `texts` is an Arrow string array."""
+    import pyarrow as pa
+
+    arr = texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts
+    arr = arr.cast(pa.large_string())
+    _, off_buf, data_buf = arr.buffers()
+    offsets = np.frombuffer(off_buf, dtype=np.int64)[arr.offset:arr.offset + len(arr) + 1]
+    buf = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    out = np.zeros((len(arr), N_FIXED + len(top_ns) + len(dup_ns)), dtype=np.float64)
+    if len(arr):
+        _batch(buf, offsets.astype(np.int64), np.asarray(top_ns, np.int64), np.asarray(dup_ns, np.int64),
+               STOP_HASHES, out)
+    return out

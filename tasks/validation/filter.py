@@ -1,0 +1,81 @@
+"""Expectations on `filter`: the document schema with unique ids and no empty text; every kept document
+of a scored dataset has a quality score in [0, 1]; and, per scored dataset, the classifier kept a
+fraction within [min_kept, max_kept] of what the rules passed (a broken classifier that keeps 0% or
+100% fails here); kept + aside = the input, per dataset."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tasks.validation import doc_checks
+
+COLUMNS = ("score", "kept_fraction_out_of_bounds", "count_mismatch")
+
+
+def expectations() -> list:
+    import great_expectations as gx
+
+    E = gx.expectations
+    return doc_checks.expectations(COLUMNS) + [
+        E.ExpectColumnValuesToBeBetween(column="score", min_value=0, max_value=1),
+        E.ExpectColumnValuesToBeBetween(column="kept_fraction_out_of_bounds", min_value=0, max_value=0),
+        E.ExpectColumnValuesToBeBetween(column="count_mismatch", min_value=0, max_value=0)]
+
+
+def _scores(root: Path) -> dict[str, float]:
+    """Kept documents' scores by id (the score pass stores them by rules-shard row)."""
+    out = {}
+    for f in sorted((root / "rules" / "shards").glob("*.parquet")):
+        ids = pq.read_table(f, columns=["id"]).column("id").to_pylist()
+        with np.load(root / "score" / "shards" / f"{f.stem}.npz", allow_pickle=False) as z:
+            score = z["score"]
+        out.update((i, float(s)) for i, s in zip(ids, score) if not np.isnan(s))
+    return out
+
+
+def _out_of_bounds(p, stats: dict) -> set[str]:
+    """Scored datasets whose classifier-kept fraction (of the documents the rules passed) is out of bounds."""
+    c, bad = p.filter.classifier, set()
+    if not c.enabled:
+        return bad
+    for name, row in stats["filter"]["datasets"].items():
+        if name not in c.negatives:
+            continue
+        scored = row["kept"] + row["dropped"].get("classifier", 0)
+        if scored and not c.min_kept <= row["kept"] / scored <= c.max_kept:
+            bad.add(name)
+    return bad
+
+
+def count_mismatch(stats: dict, shards_dir: Path, root: Path) -> int:
+    out, aside = Counter(), Counter()
+    for f in sorted(shards_dir.glob("*.parquet")):
+        out.update(pq.read_table(f, columns=["dataset"]).column("dataset").to_pylist())
+    for f in sorted((root / "aside" / "shards").glob("*.parquet")):
+        aside.update(pq.read_table(f, columns=["dataset"]).column("dataset").to_pylist())
+    rows = stats["filter"]["datasets"]
+    miss = sum(abs(out[n] - r["kept"]) + abs(aside[n] - (r["docs"] - r["kept"])) for n, r in rows.items())
+    return miss + sum(v for n, v in (out + aside).items() if n not in rows)
+
+
+def batches(p, shards_dir: Path):
+    root = Path(p.paths.data_dir) / "filter"
+    stats = json.loads((root / "stats.json").read_text(encoding="utf-8"))
+    scores, bad, mismatch = _scores(root), _out_of_bounds(p, stats), count_mismatch(stats, Path(shards_dir), root)
+    scored = set(p.filter.classifier.negatives) if p.filter.classifier.enabled else set()
+
+    def columns(table: pa.Table) -> dict:
+        ids, ds = table.column("id").to_pylist(), table.column("dataset").to_pylist()
+        # a scored dataset's kept document without a score gets -1: out of [0, 1]
+        return {"score": np.array([scores.get(i, -1.0) if d in scored else scores.get(i, np.nan)
+                                   for i, d in zip(ids, ds)], dtype=np.float64),
+                # on every row: a dataset the classifier dropped entirely has no row of its own
+                "kept_fraction_out_of_bounds": np.full(table.num_rows, len(bad), dtype=np.int64),
+                "count_mismatch": np.full(table.num_rows, mismatch, dtype=np.int64)}
+
+    yield from doc_checks.batches(p, shards_dir, columns)

@@ -1,0 +1,169 @@
+"""The filter's heuristic rules on pages modelled on real crawl text: each drop under its own reason,
+C4's line edits, exemptions per dataset, the bad inputs the issue names, and the compiled statistics
+against a plain-Python computation of the same formulas (datatrove's)."""
+from __future__ import annotations
+
+import random
+import re
+from collections import Counter
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from tasks.filter import textstats as ts
+from tasks.filter.config import FilterParams
+from tasks.filter.rules import apply_rules, reason_names
+from tasks.sample.text import TOPICS, paragraphs
+
+ARTICLE = "\n\n".join(paragraphs(random.Random(3), "rivers", 5))
+
+
+def run(docs: list[dict], **over) -> tuple[list[str], list]:
+    f = FilterParams(**over)
+    rows = [{"id": str(i), "text": d["text"], "dataset": d.get("dataset", "common-crawl"), "url": "", "crawl": "",
+             "lang": d.get("lang", "en"), "lang_score": 0.9} for i, d in enumerate(docs)]
+    reason, edited, _ = apply_rules(pa.Table.from_pylist(rows), f)
+    names = reason_names(f)
+    return [names[r] for r in reason], edited
+
+
+def test_each_rule_drops_under_its_own_reason():
+    rng = random.Random(1)
+    unit = " ".join(paragraphs(rng, "music", 1))
+    words = lambda n, vocab: " ".join(rng.choice(vocab) for _ in range(n))  # noqa: E731
+    long_words = [f"internationalisation{i}characteristically" for i in range(50)]
+    cases = {
+        "": ARTICLE,
+        "empty": " \n\t ",
+        "binary": "\x00\x01\x02\ufffd\x03" * 200 + ARTICLE,
+        "language": ("de", ARTICLE),
+        "gopher_repetition.dup_para_frac": "\n\n".join([ARTICLE.split("\n\n")[0]] + [unit] * 6),
+        "gopher_repetition.top_3_gram": "Login to continue. Forgot your password?",  # short pages fail here first
+        "c4.lorem_ipsum": ARTICLE + "\n\nLorem ipsum dolor sit amet, consectetur adipiscing elit sed do.",
+        "c4.curly_bracket": ARTICLE + "\n\nUse the function like this: f = lambda x: {x: 1} inside the loop.",
+    }
+    # the quality rules, on pages the repetition rules (which run first) would take otherwise
+    quality = {
+        "gopher_quality.min_words": "Login to continue. Forgot your password?",
+        "gopher_quality.max_avg_word_length": words(80, long_words) + " the of.",
+        "gopher_quality.hash_ratio": " ".join(f"#tag{i} the word{i} of" for i in range(60)),
+        "gopher_quality.stop_words": " ".join(f"{rng.choice(TOPICS['software'].split())}{i}" for i in range(120)) + ".",
+        "gopher_quality.bullet_lines": "\n".join(f"- the chapter{i} of their history" for i in range(60)),
+        "gopher_quality.alpha_words": " ".join(f"123{i} 4567{i * 7} the" for i in range(60)),
+    }
+    c4 = {"c4.too_few_sentences": "\n".join(["Home", "About us", "Contact", "Share on Facebook"]
+                                            + ARTICLE.split("\n\n")[:1] + [f"menu link {i}" for i in range(40)])}
+    for group, exempt in ((cases, []), (quality, ["gopher_repetition"]), (c4, ["gopher_repetition", "gopher_quality"])):
+        docs = [{"text": v[1], "lang": v[0]} if isinstance(v, tuple) else {"text": v} for v in group.values()]
+        got, _ = run(docs, exempt={"common-crawl": exempt})
+        assert dict(zip(group, got)) == {k: k for k in group}
+
+
+def test_c4_removes_boilerplate_lines_and_keeps_the_page():
+    page = ARTICLE.split("\n\n") + ["This website uses cookies to improve your experience.",
+                                    "Please enable JavaScript to view the comments powered by Disqus.",
+                                    "Read more...", "Home | Blog | Contact", "See the survey notes.[12]"]
+    got, edited = run([{"text": "\n".join(page)}])
+    assert got == [""]
+    text = edited[0]
+    assert "cookies" not in text and "JavaScript" not in text and "Read more" not in text and "Home" not in text
+    assert text.endswith("See the survey notes.") and ARTICLE.split("\n\n")[0] in text
+
+
+def test_exemptions_are_per_dataset():
+    code = ARTICLE + "\n\nIn Python you would write d = {'a': 1} and then print the keys of the dict."
+    got, _ = run([{"text": code, "dataset": "StackExchange"}, {"text": code, "dataset": "common-crawl"}])
+    assert got == ["", "c4.curly_bracket"]
+    got, _ = run([{"text": code, "dataset": "common-crawl"}], exempt={"common-crawl": ["c4"]})
+    assert got == [""]
+
+
+def test_bad_inputs_never_crash():
+    rng = random.Random(2)
+    one_line = " ".join(f"{rng.choice(TOPICS['history'].split())}{i}" for i in range(110_000))  # ~1.2 MB, no newline
+    junk = bytes(rng.randrange(256) for _ in range(20_000)).decode("latin-1")
+    docs = [{"text": ""}, {"text": one_line}, {"text": "x" * 1_000_000}, {"text": junk},
+            {"text": "\u4f60\u597d\u4e16\u754c" * 500, "lang": "zh"}, {"text": "\n" * 1000}]
+    got, _ = run(docs)
+    assert got[0] == "empty" and got[5] == "empty" and got[4] == "language"
+    assert got[1] == "gopher_quality.max_words" and got[2].startswith("gopher_quality.")
+    assert got[3] in ("binary", "gopher_quality.alpha_words")
+
+
+# ---- the compiled statistics against the formulas, computed the plain way ----
+
+def tokens(text: str) -> list[str]:
+    punct = lambda ch: ts._is_punct.py_func(ord(ch))  # noqa: E731
+    out = []
+    for w in text.split():
+        a, b = 0, len(w)
+        while a < b and punct(w[a]):
+            a += 1
+        while b > a and punct(w[b - 1]):
+            b -= 1
+        if a == len(w):
+            out.append(w)
+            continue
+        out += [x for x in (w[:a], w[a:b], w[b:]) if x]
+    return out
+
+
+def dups(xs: list[str]) -> tuple[int, int]:
+    seen, n, chars = set(), 0, 0
+    for x in xs:
+        if x in seen:
+            n, chars = n + 1, chars + len(x)
+        seen.add(x)
+    return n, chars
+
+
+def top(words: list[str], n: int) -> int:
+    grams = [" ".join(words[i:i + n]) for i in range(len(words) - n + 1)]
+    if not grams:
+        return 0
+    g, c = Counter(grams).most_common(1)[0]
+    return len(g) * c
+
+
+def repeated(words: list[str], n: int) -> int:
+    seen, rep, i = set(), 0, 0
+    while i < len(words) - n + 1:
+        g = "\x00".join(words[i:i + n])
+        if g in seen:
+            rep += len(g) - (n - 1)
+            i += n
+        else:
+            seen.add(g)
+            i += 1
+    return rep
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_compiled_statistics_match_the_plain_formulas(seed):
+    rng = random.Random(seed)
+    pieces = [" ".join(paragraphs(rng, "cooking", 1)), "Home", "- item one", "\u2022 item two...", "Caf\u00e9 cr\u00e8me \u2026",
+              "#hashtag ... end", "the the the of of", "\u00a0indented line", ""]
+    texts = []
+    for _ in range(20):
+        parts = [rng.choice(pieces) for _ in range(rng.randint(1, 12))]
+        texts.append("".join(p + rng.choice(["\n", "\n\n", "\n\n\n", " "]) for p in parts))
+    s = ts.text_stats(pa.array(texts), [2, 3, 4], [5, 6, 10])
+    for row, text in zip(s, texts):
+        words = tokens(text)
+        core = [w for w in words if any(not ts._is_punct.py_func(ord(c)) for c in w)]
+        paras = re.split(r"\n{2,}", text.strip())
+        lines = re.split(r"\n+", text)
+        want = {ts.TOKENS: len(words), ts.WORDS: len(core), ts.WORD_CHARS: sum(map(len, core)),
+                ts.ALPHA_TOKENS: sum(any(c.isalpha() for c in w) for w in core), ts.HASHES: text.count("#"),
+                ts.ELLIPSES: text.count("...") + text.count("\u2026"), ts.LINES: len(text.splitlines()),
+                ts.BULLET_LINES: sum(x.lstrip().startswith(("\u2022", "-")) for x in text.splitlines()),
+                ts.ELLIPSIS_LINES: sum(x.rstrip().endswith(("...", "\u2026")) for x in text.splitlines()),
+                ts.STOP_WORDS: len(set(ts.STOP) & set(words)), ts.CHARS: len(text), ts.PARAS: len(paras),
+                ts.DUP_PARAS: dups(paras)[0], ts.DUP_PARA_CHARS: dups(paras)[1], ts.NL_LINES: len(lines),
+                ts.DUP_LINES: dups(lines)[0], ts.DUP_LINE_CHARS: dups(lines)[1]}
+        for col, value in want.items():
+            assert row[col] == value, (col, text)
+        assert list(row[ts.N_FIXED:]) == [top(words, 2), top(words, 3), top(words, 4), repeated(words, 5),
+                                          repeated(words, 6), repeated(words, 10)], text
+    assert np.all(s >= 0)

@@ -1,0 +1,101 @@
+"""Stage filter end to end on the small sample: the low-quality pages removed and kept aside with reason
+and score, the report and plots, a model that loads without pickle and can be reused, determinism and
+resume, the suite failing a classifier that keeps everything, and a clear error without positives."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from tasks.core.config import parse_params
+from tasks.core.errors import ConfigError
+from tasks.core.runner import run_stage
+from tasks.sample.generate import LOW_QUALITY
+from tasks.validation import ExpectationFailed, validate_stage
+
+
+def params(extracted, data: Path, **classifier):
+    raw = extracted.model_dump(mode="json")
+    raw["paths"]["data_dir"] = str(data)
+    raw["filter"]["classifier"].update({"max_kept": 1.0, **classifier})  # a tiny crawl may keep every page
+    return parse_params(raw)
+
+
+def copy(extracted, tmp_path: Path, name: str) -> Path:
+    data = tmp_path / name
+    shutil.copytree(Path(extracted.paths.data_dir), data, ignore=shutil.ignore_patterns("filter", "dedup"))
+    return data
+
+
+def rows(folder: Path) -> dict[str, dict]:
+    return {r["id"]: r for f in sorted(folder.glob("*.parquet")) for r in pq.read_table(f).to_pylist()}
+
+
+def test_sample_filtered_reported_and_reproducible(extracted, tmp_path):
+    data = copy(extracted, tmp_path, "a")
+    p = params(extracted, data)
+    stats = run_stage("filter", p)
+    assert validate_stage("filter", p).success
+    kept, aside = rows(data / "filter/shards"), rows(data / "filter/aside/shards")
+    src = rows(data / "extract/shards")
+    assert set(kept) | set(aside) == set(src) and not set(kept) & set(aside)
+    truth = {d["key"]: d["kind"] for d in json.loads((data / "sample/corpus/ground_truth.json").read_text())["documents"]}
+    bad = {i for i, r in src.items() if truth.get(r["url"]) in LOW_QUALITY}
+    assert bad and bad <= set(aside)  # every planted low-quality page is removed
+    assert all(r["reason"] for r in aside.values())
+    assert all(r["score"] is not None for r in aside.values() if r["reason"] == "classifier")
+    report = stats["filter"]["datasets"]
+    assert sum(r["docs"] for r in report.values()) == len(src)
+    assert report["common-crawl"]["dropped"]["language"] >= 1
+    assert stats["classifier"] == "trained" and 0.5 <= stats["classifier_auc"] <= 1
+    assert sum(stats["filter"]["score_histogram"]["common-crawl"]) > 0
+    assert (data / "filter/plots/scores_common_crawl.csv").read_text().startswith("score,documents\n")
+    with np.load(data / "filter/classifier/model.npz", allow_pickle=False) as z:
+        assert z["coef"].shape == (p.filter.classifier.n_features,)
+
+    # same input + params + seed -> the same bytes, from scratch in another folder
+    other = copy(extracted, tmp_path, "b")
+    run_stage("filter", params(extracted, other))
+    for sub in ("shards", "aside/shards", "classifier"):
+        a, b = sorted((data / "filter" / sub).iterdir()), sorted((other / "filter" / sub).iterdir())
+        assert [f.read_bytes() for f in a] == [f.read_bytes() for f in b]
+
+    # resume: a lost output shard is redone, alone, to the same bytes
+    shards = sorted((data / "filter/shards").glob("*.parquet"))
+    before = shards[0].read_bytes()
+    shards[0].unlink()
+    again = run_stage("filter", p)
+    assert again["resumed_shards"] == again["shards"] - 1 and shards[0].read_bytes() == before
+
+    # a model trained earlier, named in model_path: loaded as is, the same decisions
+    model = tmp_path / "model.npz"
+    shutil.copyfile(data / "filter/classifier/model.npz", model)
+    reused = copy(extracted, tmp_path, "c")
+    st = run_stage("filter", params(extracted, reused, model_path=str(model)))
+    assert st["classifier"] == "loaded"
+    assert [f.read_bytes() for f in sorted((reused / "filter/shards").iterdir())] == \
+        [f.read_bytes() for f in sorted((data / "filter/shards").iterdir())]
+
+
+def test_suite_fails_a_classifier_that_keeps_everything(extracted, tmp_path):
+    data = copy(extracted, tmp_path, "d")
+    p = params(extracted, data, alpha=0.001, max_kept=0.99)  # pareto(0.001) is astronomically large: all kept
+    run_stage("filter", p)
+    with pytest.raises(ExpectationFailed, match="kept_fraction_out_of_bounds"):
+        validate_stage("filter", p)
+
+
+def test_no_positives_or_negatives_is_a_clear_error(extracted, tmp_path):
+    data = copy(extracted, tmp_path, "e")
+    with pytest.raises(ConfigError, match=r"no positive documents: none of Books3 .*datasets present: "
+                                          r"StackExchange, Wikipedia \(en\), common-crawl"):
+        run_stage("filter", params(extracted, data, positives=["Books3"]))
+    with pytest.raises(ConfigError, match="no negative documents: none of Pile-CC"):
+        run_stage("filter", params(extracted, data, negatives=["Pile-CC"]))
+    with pytest.raises(ConfigError, match="model_path: .* is not a quality model"):
+        (tmp_path / "bad.npz").write_bytes(b"not a model")
+        run_stage("filter", params(extracted, data, model_path=str(tmp_path / "bad.npz")))
