@@ -83,7 +83,7 @@ def test_sample_filtered_reported_and_reproducible(extracted, tmp_path):
 
 def test_suite_fails_a_classifier_that_keeps_everything(extracted, tmp_path):
     data = copy(extracted, tmp_path, "d")
-    p = params(extracted, data, alpha=0.001, max_kept=0.99)  # pareto(0.001) is astronomically large: all kept
+    p = params(extracted, data, alpha=0.001, max_kept=0.99, min_scored_docs=1)  # pareto(0.001) is astronomically large: all kept
     run_stage("filter", p)
     with pytest.raises(ExpectationFailed, match="kept_fraction_out_of_bounds"):
         validate_stage("filter", p)

@@ -122,13 +122,13 @@ def test_a_stage_refuses_an_input_stage_that_did_not_complete(tmp_path):
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    out = subprocess.run([sys.executable, "-m", "tasks", "dedup"], cwd=tmp_path, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "tasks", "filter"], cwd=tmp_path, capture_output=True,
                          text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert out.returncode == 4, out.stderr
     assert out.stderr.strip().splitlines() == [
-        f"unfinished input: stage 'dedup' needs stage 'extract' completed "
+        f"unfinished input: stage 'filter' needs stage 'extract' completed "
         f"({tmp_path / 'data/extract/stats.json'} missing): run `python -m tasks extract` first"]
-    assert not (tmp_path / "data/dedup/shards").exists() or not any((tmp_path / "data/dedup/shards").iterdir())
+    assert not (tmp_path / "data/filter/shards").exists() or not any((tmp_path / "data/filter/shards").iterdir())
 
 
 def test_stats_name_every_pass_in_order(small_params):

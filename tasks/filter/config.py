@@ -86,6 +86,8 @@ class ClassifierParams(Strict):
     seed: int = Field(1234, ge=0)
     min_kept: float = Field(0.02, ge=0, le=1, description="Fewer kept of a scored dataset fails the stage's suite.")
     max_kept: float = Field(0.99, ge=0, le=1, description="More kept of a scored dataset fails the stage's suite.")
+    min_scored_docs: int = Field(100, ge=0, description="The kept-fraction bounds apply to datasets with at least "
+                                                        "this many scored documents (a tiny crawl may keep all).")
 
     @model_validator(mode="after")
     def _check(self):

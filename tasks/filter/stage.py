@@ -20,7 +20,7 @@ def rule_params(p: PipelineParams) -> dict:
 
 def classifier_params(p: PipelineParams) -> dict:
     c = p.filter.classifier
-    return c.model_dump(mode="json", exclude={"alpha", "min_kept", "max_kept"})
+    return c.model_dump(mode="json", exclude={"alpha", "min_kept", "max_kept", "min_scored_docs"})
 
 
 def report(stats: dict) -> dict:

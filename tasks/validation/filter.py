@@ -47,7 +47,7 @@ def _out_of_bounds(p, stats: dict) -> set[str]:
         if name not in c.negatives:
             continue
         scored = row["kept"] + row["dropped"].get("classifier", 0)
-        if scored and not c.min_kept <= row["kept"] / scored <= c.max_kept:
+        if scored and scored >= c.min_scored_docs and not c.min_kept <= row["kept"] / scored <= c.max_kept:
             bad.add(name)
     return bad
 
