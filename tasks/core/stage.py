@@ -53,6 +53,17 @@ class Context:
         return ",".join(f"{k}={v}" for k, v in self.digests.items())
 
 
+def shard_per_file(files, suffix: str | None = None) -> list[Shard]:
+    """One shard per input file, named by its stem; the output keeps the file's name, or takes
+    `<stem><suffix>` (e.g. ".npz" for a pass that writes arrays). The plan of most sharded passes."""
+    return [Shard(f.stem, (str(f),), f"{f.stem}{suffix}" if suffix else f.name) for f in files]
+
+
+def input_files(ctx: "Context") -> list[Path]:
+    """The input stage's output shards, in name order (the order every global index follows)."""
+    return sorted(ctx.input_shards.glob("*.parquet"))
+
+
 Plan = Callable[[PipelineParams, Context], list[Shard]]
 Process = Callable[[Shard, Path, PipelineParams, Context], ShardStats]
 Build = Callable[[Path, PipelineParams, Context], dict]

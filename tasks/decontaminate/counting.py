@@ -10,7 +10,7 @@ import numpy as np
 from tasks.core.config import PipelineParams
 from tasks.core.passes import Shard, ShardStats, savez
 from tasks.core.schema import iter_batches, text_bytes
-from tasks.core.stage import Context
+from tasks.core.stage import Context, input_files, shard_per_file
 from tasks.decontaminate.matching import batch_hits, load_index
 
 
@@ -19,7 +19,7 @@ def index_of(ctx: Context):
 
 
 def plan_count(p: PipelineParams, ctx: Context) -> list[Shard]:
-    return [Shard(f.stem, (str(f),), f"{f.stem}.npz") for f in sorted(ctx.input_shards.glob("*.parquet"))]
+    return shard_per_file(input_files(ctx), ".npz")
 
 
 def count_shard(shard: Shard, tmp: Path, p: PipelineParams, ctx: Context) -> ShardStats:

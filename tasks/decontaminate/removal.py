@@ -13,7 +13,7 @@ import pyarrow as pa
 from tasks.core.config import PipelineParams
 from tasks.core.passes import Shard, ShardStats
 from tasks.core.schema import DOC_SCHEMA, DocWriter, iter_batches, text_bytes
-from tasks.core.stage import Context
+from tasks.core.stage import Context, input_files, shard_per_file
 from tasks.decontaminate.counting import count_file, frequent_of, index_of
 from tasks.decontaminate.matching import batch_matches
 from tasks.decontaminate.ngram_index import NgramIndex, token_spans
@@ -54,7 +54,7 @@ def split_document(text: str, ranges: list[tuple[int, int]]) -> list[str]:
 
 
 def plan_remove(p: PipelineParams, ctx: Context) -> list[Shard]:
-    return [Shard(f.stem, (str(f),), f.name) for f in sorted(ctx.input_shards.glob("*.parquet"))]
+    return shard_per_file(input_files(ctx))
 
 
 def remove_shard(shard: Shard, tmp: Path, p: PipelineParams, ctx: Context) -> ShardStats:

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 from tasks.core.config import PipelineParams
 from tasks.core.passes import Shard, ShardStats
 from tasks.core.schema import DOC_SCHEMA, DocWriter, iter_batches, text_bytes
-from tasks.core.stage import Context
+from tasks.core.stage import Context, input_files, shard_per_file
 from tasks.dedup.exact import EXACT, FUZZY, docs_of, layout_of
 from tasks.dedup.graph import removed_of
 
@@ -24,7 +24,7 @@ REASONS = {EXACT: "exact", FUZZY: "fuzzy"}
 
 
 def plan_aside(p: PipelineParams, ctx: Context) -> list[Shard]:
-    return [Shard(f.stem, (str(f),), f.name) for f in sorted(ctx.input_shards.glob("*.parquet"))]
+    return shard_per_file(input_files(ctx))
 
 
 plan_remove = plan_aside

@@ -13,14 +13,14 @@ from tasks.core.config import PipelineParams
 from tasks.core.errors import ConfigError
 from tasks.core.passes import Shard, ShardStats, savez
 from tasks.core.schema import iter_batches, text_bytes
-from tasks.core.stage import Context
+from tasks.core.stage import Context, input_files, shard_per_file
 from tasks.decontaminate.ngram_index import B, _fmix
 from tasks.dedup.fused import sign_words
 from tasks.dedup.minhash import _unit_hashes, shingle_hashes, signatures_of
 
 
 def plan_signatures(p: PipelineParams, ctx: Context) -> list[Shard]:
-    return [Shard(f.stem, (str(f),), f"{f.stem}.npz") for f in sorted(ctx.input_shards.glob("*.parquet"))]
+    return shard_per_file(input_files(ctx), ".npz")
 
 
 def exact_keys(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:

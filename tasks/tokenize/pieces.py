@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from tasks.core.config import PipelineParams
 from tasks.core.passes import Shard, ShardStats
-from tasks.core.stage import Context
+from tasks.core.stage import Context, input_files, shard_per_file
 from tasks.tokenize import indexed, tokenizer
 
 PIECE_SCHEMA = pa.schema([("dataset", pa.string()), ("tokens", pa.list_(pa.int32()))])
@@ -43,7 +43,7 @@ def load_tokenizer(ctx: Context):
 
 
 def plan_tokens(p: PipelineParams, ctx: Context) -> list[Shard]:
-    return [Shard(f.stem, (str(f),), f.name) for f in sorted(ctx.input_shards.glob("*.parquet"))]
+    return shard_per_file(input_files(ctx))
 
 
 def blend_names(batch: pa.RecordBatch) -> pa.Array:

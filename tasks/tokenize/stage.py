@@ -15,7 +15,7 @@ from typing import Iterator
 import pyarrow.parquet as pq
 
 from tasks.core.config import PipelineParams
-from tasks.core.stage import Context, GlobalPass, ShardedPass, Stage
+from tasks.core.stage import Context, GlobalPass, ShardedPass, Stage, input_files
 from tasks.tokenize import tokenizer
 from tasks.tokenize.blend import build_blend
 from tasks.tokenize.pieces import merge_datasets, plan_tokens, tokenize_shard
@@ -43,7 +43,7 @@ def build_tokenizer(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
         tok = tokenizer.load(Path(t.tokenizer_file), Path(t.merges_file) if t.merges_file else None)
         source = "file"
     else:
-        shards = sorted(ctx.input_shards.glob("*.parquet"))
+        shards = input_files(ctx)
         tok = tokenizer.train(_text_batches(shards, t.batch_docs, t.train_max_docs), t.vocab_size, t.min_frequency)
         source = "trained"
     tok.save(str(tmp / "tokenizer.json"))
@@ -63,7 +63,7 @@ def _tokenizer_inputs(p: PipelineParams, ctx: Context) -> list[str]:
     t = p.tokenize
     if t.tokenizer_file:
         return [t.tokenizer_file] + ([t.merges_file] if t.merges_file else [])
-    return [str(f) for f in sorted(ctx.input_shards.glob("*.parquet"))]
+    return [str(f) for f in input_files(ctx)]
 
 
 def _blend_params(p: PipelineParams) -> dict:
