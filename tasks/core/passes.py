@@ -196,6 +196,15 @@ def _read_marker(marker: Path) -> dict | None:
         return None
 
 
+def finished_stats(pass_root: Path, shard_name: str) -> dict:
+    """The stats an earlier sharded pass recorded for one shard in its completion marker (a later pass
+    of the same stage reads them instead of recomputing what that pass already counted)."""
+    record = _read_marker(PassLayout(pass_root).completions / f"{shard_name}.json")
+    if record is None:
+        raise ValueError(f"{pass_root}: no completion marker for shard {shard_name}")
+    return record["stats"]
+
+
 ShardFn = Callable[[Shard, Path], ShardStats]
 
 

@@ -18,9 +18,9 @@ import pyarrow.parquet as pq
 
 from tasks.core.config import PipelineParams
 from tasks.core.errors import ConfigError
-from tasks.core.passes import Shard, ShardStats, savez
+from tasks.core.passes import Shard, ShardStats, finished_stats, savez
 from tasks.core.schema import DOC_SCHEMA, DocWriter, iter_batches, text_bytes
-from tasks.core.stage import Context
+from tasks.core.stage import Context, input_files, shard_per_file
 from tasks.filter.classifier import QualityModel, pareto_keep, train, unit
 from tasks.filter.rules import apply_rules, reason_names
 
@@ -30,7 +30,7 @@ BINS = 20  # score histogram bins over [0, 1]
 
 
 def plan_rules(p: PipelineParams, ctx: Context) -> list[Shard]:
-    return [Shard(f.stem, (str(f),), f.name) for f in sorted(ctx.input_shards.glob("*.parquet"))]
+    return shard_per_file(input_files(ctx))
 
 
 def rules_shard(shard: Shard, tmp: Path, p: PipelineParams, ctx: Context) -> ShardStats:
@@ -113,7 +113,7 @@ def classifier_inputs(p: PipelineParams, ctx: Context) -> list[str]:
 
 
 def plan_scores(p: PipelineParams, ctx: Context) -> list[Shard]:
-    return [Shard(f.stem, (str(f),), f"{f.stem}.npz") for f in _ruled(ctx)]
+    return shard_per_file(_ruled(ctx), ".npz")
 
 
 def score_shard(shard: Shard, tmp: Path, p: PipelineParams, ctx: Context) -> ShardStats:
@@ -154,7 +154,7 @@ def _decisions(shard: Shard, ctx: Context) -> tuple[pa.Table, np.ndarray, np.nda
 
 
 def plan_outputs(p: PipelineParams, ctx: Context) -> list[Shard]:
-    return [Shard(f.stem, (str(f),), f.name) for f in _ruled(ctx)]
+    return shard_per_file(_ruled(ctx))
 
 
 def aside_shard(shard: Shard, tmp: Path, p: PipelineParams, ctx: Context) -> ShardStats:
@@ -185,5 +185,5 @@ def keep_shard(shard: Shard, tmp: Path, p: PipelineParams, ctx: Context) -> Shar
     with DocWriter(tmp, rows_per_group=p.filter.batch_docs) as w:
         w.write_table(kept)
     st.docs_out, st.bytes_out = w.docs, w.text_bytes
-    st.bytes_in = text_bytes(pq.read_table(ctx.input_shards / shard.output, columns=["text"]))  # before C4's edits
+    st.bytes_in = finished_stats(ctx.pass_dir("rules"), shard.name)["bytes_in"]  # the input's, before C4's edits
     return st

@@ -120,6 +120,24 @@ def _dups(cp, starts, ends, n, table, used):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True)
+def _split_newline_runs(cp, lo, hi, min_run, starts, ends):  # pragma: no cover - compiled
+    """The spans of cp[lo:hi] between runs of at least `min_run` newlines, as re.split(r"\n{min_run,}")
+    (empty leading / trailing elements included); returns how many."""
+    n, s, k = 0, lo, lo
+    while k < hi:
+        run = 0
+        while k + run < hi and cp[k + run] == 10:
+            run += 1
+        if run >= min_run:
+            starts[n], ends[n] = s, k
+            n += 1
+            s = k + run
+        k += max(run, 1)
+    starts[n], ends[n] = s, hi
+    return n + 1
+
+
+@numba.njit(cache=True)
 def _doc_stats(cp, m, row, top_ns, dup_ns, stop_hashes, tok_h, tok_len, starts, ends, table, used, counts):
     # pragma: no cover - compiled
     # ---- tokens (spaCy-like) and the quality counts ----
@@ -203,33 +221,11 @@ def _doc_stats(cp, m, row, top_ns, dup_ns, stop_hashes, tok_h, tok_len, starts, 
         lo += 1
     while hi > lo and _is_space(cp[hi - 1]):
         hi -= 1
-    n, s, k = 0, lo, lo
-    while k < hi:
-        if cp[k] == 10 and k + 1 < hi and cp[k + 1] == 10:
-            starts[n], ends[n] = s, k
-            n += 1
-            while k < hi and cp[k] == 10:
-                k += 1
-            s = k
-        else:
-            k += 1
-    starts[n], ends[n] = s, hi
-    n += 1
+    n = _split_newline_runs(cp, lo, hi, 2, starts, ends)
     row[PARAS] = n
     row[DUP_PARAS], row[DUP_PARA_CHARS] = _dups(cp, starts, ends, n, table, used)
     # ---- lines: text split on \n+ (leading / trailing empty elements included, as re.split) ----
-    n, s, k = 0, 0, 0
-    while k < m:
-        if cp[k] == 10:
-            starts[n], ends[n] = s, k
-            n += 1
-            while k < m and cp[k] == 10:
-                k += 1
-            s = k
-        else:
-            k += 1
-    starts[n], ends[n] = s, m
-    n += 1
+    n = _split_newline_runs(cp, 0, m, 1, starts, ends)
     row[NL_LINES] = n
     row[DUP_LINES], row[DUP_LINE_CHARS] = _dups(cp, starts, ends, n, table, used)
     # ---- n-grams over the tokens ----
