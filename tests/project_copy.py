@@ -24,7 +24,7 @@ def copy_project(dest: Path, **params_over) -> Path:
     raw["paths"]["benchmarks_dir"] = str(BENCHMARKS)
     raw["sample"].update(n_warc_files=2, pages_per_warc=20, curated_docs_per_dataset=10)
     raw["download"]["n_files"] = 2
-    raw["train"]["schedule"]["train_tokens"] = 2048  # two steps: these tests are about the DAG, not training
+    raw["train"]["profiles"]["sample"]["schedule"]["train_tokens"] = 2048  # two steps: these tests are about the DAG, not training
     raw["evaluate"].update(limit=3, shots=["zero"])  # every task, 3 docs each, 0-shot (few-shot: unit tests)
     for k, v in params_over.items():
         raw[k].update(v)

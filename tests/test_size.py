@@ -1,24 +1,54 @@
-"""Sizing before renting machines: MT-NLG 530B's parameters and its memory per GPU at tp 8 x pp 35."""
+"""Sizing before renting machines: the params.yaml profiles' parameters and memory per GPU; MT-NLG 530B
+at tp 8 x pp 35 x dp 8 fits an 80 GB GPU."""
 from __future__ import annotations
 
 import pytest
 
-from trainer.size import PROFILES, main, model_of, parameters, size
+from tasks.core.config import load_params
+from tests.conftest import REPO
+from trainer.config import ParallelParams
+from trainer.size import main, model_of, parameters, report, size
+
+PROFILES = load_params(REPO / "params.yaml").train.profiles
 
 
 def test_mtnlg_530b_is_530b_parameters_and_fits_an_80gb_gpu(capsys):
-    profile = PROFILES["mt-nlg-530b"]
-    m = model_of(profile)
-    assert m.vocab_size == 51200  # 50257 padded to a multiple of 128 x tp 8
+    recipe = PROFILES["mt-nlg-530b"]
+    m = model_of(recipe)
+    assert m.vocab_size == 51200 and m.seq_len == 2048  # 50257 padded to a multiple of 128 x tp 8
     assert parameters(m) == pytest.approx(530e9, rel=0.005)
-    r = size(m, profile["parallel"])
+    r = size(m, recipe.parallel)
     assert r["gpus"] == 2240 and 10 < r["total_gib"] < 80
-    assert main(["mt-nlg-530b"]) == 0 and "529.6B parameters" in capsys.readouterr().out
+    assert main(["mt-nlg-530b", str(REPO / "params.yaml")]) == 0
+    assert "529.6B parameters" in capsys.readouterr().out
+
+
+def test_mtnlg_recipe_is_the_papers():
+    r = PROFILES["mt-nlg-530b"]
+    assert (r.parallel.tp, r.parallel.pp, r.parallel.global_batch, r.parallel.recompute) == (8, 35, 1920, True)
+    assert (r.optim.beta1, r.optim.beta2, r.optim.eps, r.optim.weight_decay, r.optim.grad_clip) == \
+        (0.9, 0.95, 1e-8, 0.1, 1.0)
+    s = r.schedule
+    assert (s.train_tokens, s.warmup_tokens, s.rampup_start, s.rampup_increment, s.rampup_tokens) == \
+        (270e9, 1e9, 32, 32, 12e9)
 
 
 def test_gpt_350m_profile_is_gpt2_medium_sized():
     assert parameters(model_of(PROFILES["gpt-350m"])) == pytest.approx(355e6, rel=0.01)
 
 
+def test_recomputation_trades_activation_memory():
+    m = model_of(PROFILES["gpt-350m"])
+    off = size(m, ParallelParams(micro_batch=8, global_batch=256))
+    on = size(m, ParallelParams(micro_batch=8, global_batch=256, recompute=True))
+    assert on["activations_gib"] < off["activations_gib"] / 5
+
+
+def test_a_profile_whose_layout_cannot_work_is_named():
+    bad = PROFILES["gpt-350m"].model_copy(update={"parallel": ParallelParams(tp=3, global_batch=4, micro_batch=1)})
+    with pytest.raises(Exception, match="tp 3 does not divide n_head 16"):
+        report("gpt-350m", bad)
+
+
 def test_an_unknown_profile_is_a_usage_error(capsys):
-    assert main(["gpt-9000"]) == 2 and "usage" in capsys.readouterr().err
+    assert main(["gpt-9000", str(REPO / "params.yaml")]) == 2 and "usage" in capsys.readouterr().err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
 import pytest
 
@@ -13,13 +14,18 @@ from tasks.core.runner import run_stage
 from tasks.validation import validate_stage
 from tests.test_tokenize_stage import run as tokenize
 
-TRAIN = {"model": {"n_layer": 2, "n_head": 2, "d_model": 32},
-         "parallel": {"pp": 2, "micro_batch": 2, "global_batch": 4},
-         "schedule": {"train_tokens": 0, "warmup_tokens": 64}, "checkpoint_every": 5}
+SAMPLE = {"model": {"n_layer": 2, "n_head": 2, "d_model": 32},
+          "parallel": {"pp": 2, "micro_batch": 2, "global_batch": 4},
+          "schedule": {"train_tokens": 0, "warmup_tokens": 64}}
+RECIPE_KEYS = {"model", "parallel", "optim", "schedule", "seq_len"}
 
 
-def params(tmp_path, **train):
-    return parse_params({"paths": {"data_dir": str(tmp_path / "data")}, "train": {**TRAIN, **train}})
+def params(tmp_path, profiles=None, **train):
+    """The `sample` profile with the recipe keys given here replaced, plus any other profiles."""
+    recipe = {**SAMPLE, **{k: v for k, v in train.items() if k in RECIPE_KEYS}}
+    rest = {k: v for k, v in train.items() if k not in RECIPE_KEYS}
+    section = {"profiles": {"sample": recipe, **(profiles or {})}, "checkpoint_every": 5, **rest}
+    return parse_params({"paths": {"data_dir": str(tmp_path / "data")}, "train": section})
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +49,7 @@ def test_train_stage_trains_checkpoints_exports_and_validates(blended):
     assert [int(r["step"]) for r in rows] == list(range(1, stats["steps"] + 1))
     assert {p.name for p in (model / "hf").iterdir()} == {"config.json", "model.safetensors", "tokenizer.json"}
     assert json.loads((model / "checkpoint/meta.json").read_text())["step"] == stats["steps"]
+    assert stats["profile"] == "sample" and [r["profile"] for r in stats["profiles"]] == ["sample"]
     report = validate_stage("train", p)
     assert report.success
     again = run_stage("train", p)
@@ -62,3 +69,50 @@ def test_a_rank_failure_fails_the_stage_with_the_ranks_line(blended):
 def test_train_needs_a_finished_blend(tmp_path):
     with pytest.raises(UnfinishedInput):
         run_stage("train", params(tmp_path))
+
+
+BIG = {"model": {"n_layer": 105, "n_head": 128, "d_model": 20480},
+       "parallel": {"tp": 8, "pp": 35, "dp": 8, "micro_batch": 1, "global_batch": 1920, "recompute": True}}
+
+
+def test_every_profile_is_sized_and_a_too_big_one_is_refused_before_launching(blended):
+    p = params(blended, profiles={"big": BIG}, profile="big")
+    log = blended / "data/train/work/launch.log"
+    before = log.stat().st_size if log.exists() else 0
+    with pytest.raises(ConfigError, match=r"profile 'big' needs 2240 ranks of ~[\d.]+ GiB and this machine has "
+                                          r"[\d.]+ GiB of memory: give train.launch.hostfile"):
+        run_stage("train", p)
+    assert (log.stat().st_size if log.exists() else 0) == before, "nothing was launched"
+
+
+def test_a_bad_profile_is_named_even_when_another_runs(blended):
+    bad = {**BIG, "parallel": {**BIG["parallel"], "tp": 3}}
+    with pytest.raises(ConfigError, match="train.profiles.big: tp 3 does not divide n_head 128"):
+        run_stage("train", params(blended, profiles={"big": bad}))
+
+
+def test_a_profile_for_another_context_length_is_refused(blended):
+    with pytest.raises(ConfigError, match="profile 'sample' is for seq_len 2048 but the blend's samples hold 16"):
+        run_stage("train", params(blended, seq_len=2048))
+
+
+def test_an_unknown_profile_is_a_configuration_error(tmp_path):
+    with pytest.raises(ConfigError, match="profile 'gpt-9000' is not one of profiles"):
+        params(tmp_path, profile="gpt-9000")
+
+
+def test_a_hostfile_with_other_slots_than_ranks_is_refused_before_launching(blended, tmp_path):
+    (tmp_path / "hosts").write_text("node-a slots=8\nnode-b slots=8\n")
+    with pytest.raises(ConfigError, match="has 16 slots on 2 host.s. but the layout has tp x pp x dp = 2 ranks"):
+        run_stage("train", params(blended, launch={"hostfile": str(tmp_path / "hosts")}))
+
+
+def test_a_gpu_machine_is_checked_for_devices_and_memory():
+    from tasks.train.profiles import check_launchable
+    p = params(Path("/nonexistent"), profiles={"big": BIG}, profile="big").train
+    one_gpu = {"accelerator": "cuda", "devices": 1, "gib_per_device": 80.0}
+    with pytest.raises(ConfigError, match="needs 2240 GPUs and this machine has 1"):
+        check_launchable(p, {"gpus": 2240, "gib_per_gpu": 23.1}, one_gpu)
+    with pytest.raises(ConfigError, match="needs ~90.0 GiB per GPU"):
+        check_launchable(p, {"gpus": 1, "gib_per_gpu": 90.0}, one_gpu)
+    check_launchable(p, {"gpus": 1, "gib_per_gpu": 18.7}, one_gpu)

@@ -128,13 +128,9 @@ class ScheduleParams(Strict):
     rampup_tokens: int = Field(0, ge=0, description="Tokens over which the batch ramps up to global_batch.")
 
 
-class TrainParams(Strict):
-    """One training run: model, layout, optimizer, schedule, checkpoints."""
+class RunSettings(Strict):
+    """What a run sets besides its recipe: the seed, checkpoints and the MFU peak."""
 
-    model: ModelParams = ModelParams()
-    parallel: ParallelParams = ParallelParams()
-    optim: OptimParams = OptimParams()
-    schedule: ScheduleParams = ScheduleParams()
     seed: int = Field(1234, description="Initialisation seed (the same model at every layout).")
     checkpoint_every: int = Field(100, ge=1, description="Steps between checkpoints (and one at the end).")
     keep_checkpoints: int = Field(2, ge=1, description="Most recent checkpoints kept on disk.")
@@ -142,16 +138,66 @@ class TrainParams(Strict):
                                                                 "SXM bf16: 989); None: MFU not reported.")
 
 
-class TrainStageParams(TrainParams):
-    """params.yaml `train`: a run on the `tokenize` stage's blend. `model` is the shape only: its
-    context length is the blend's seq_length and its vocabulary the tokenizer's (padded as Megatron)."""
+class TrainParams(RunSettings):
+    """One training run: model, layout, optimizer, schedule, checkpoints."""
 
-    input_stage: Literal["tokenize"] = Field("tokenize", description="Stage whose blend is trained on.")
+    model: ModelParams = ModelParams()
+    parallel: ParallelParams = ParallelParams()
+    optim: OptimParams = OptimParams()
+    schedule: ScheduleParams = ScheduleParams()
+
+
+class Recipe(Strict):
+    """One named training profile of params.yaml `train.profiles`: the network's shape, its layout,
+    the optimizer and the schedule (the context length and vocabulary come from the blend)."""
+
     model: ArchParams = ArchParams(n_layer=2, n_head=4, d_model=64)
     parallel: ParallelParams = ParallelParams(pp=2, micro_batch=4, global_batch=8)
+    optim: OptimParams = OptimParams()
+    schedule: ScheduleParams = ScheduleParams()
+    seq_len: int | None = Field(None, ge=1, description="The context length the profile is made for (MT-NLG: "
+                                                        "2048); None: the blend's. A blend of another is refused.")
+
+
+class LaunchParams(Strict):
+    """How the ranks start: torchrun on this machine, or DeepSpeed's launcher on the hosts of a hostfile
+    (pdsh over ssh from the first host, as Megatron-DeepSpeed runs MT-NLG)."""
+
+    hostfile: str | None = Field(None, description="DeepSpeed's hostfile, a `<host> slots=<ranks>` line per node; "
+                                                   "the slots must add up to tp x pp x dp. None: torchrun here.")
+    master_addr: str | None = Field(None, description="The first host's address as the others reach it "
+                                                      "(None: 127.0.0.1, one host only).")
+    master_port: int | None = Field(None, ge=1, le=65535, description="None: a free port of this machine.")
+    timeout_s: float | None = Field(None, gt=0, description="Every rank is killed after this long (None: no limit).")
+
+
+class TrainStageParams(RunSettings):
+    """params.yaml `train`: the profile `profile` of `profiles` trained on the `tokenize` stage's blend.
+    Every profile is validated and sized in the stage's report; only the chosen one runs."""
+
+    input_stage: Literal["tokenize"] = Field("tokenize", description="Stage whose blend is trained on.")
+    profile: str = Field("sample", description="The profile of `profiles` that runs.")
+    profiles: dict[str, Recipe] = Field(default_factory=lambda: {"sample": Recipe()},
+                                        description="Named recipes: the tiny CPU `sample`, a GPU one, MT-NLG 530B.")
+    launch: LaunchParams = LaunchParams()
+
+    @model_validator(mode="after")
+    def _profile_exists(self):
+        if self.profile not in self.profiles:
+            raise ValueError(f"profile {self.profile!r} is not one of profiles {sorted(self.profiles)}")
+        return self
+
+    @property
+    def recipe(self) -> Recipe:
+        return self.profiles[self.profile]
 
     def for_data(self, seq_len: int, vocab_size: int) -> TrainParams:
-        """The trainer's parameters once the blend's context length and vocabulary are known."""
-        fields = {k: getattr(self, k) for k in TrainParams.model_fields}
-        fields["model"] = ModelParams(**self.model.model_dump(), seq_len=seq_len, vocab_size=vocab_size)
-        return TrainParams(**fields)
+        """The trainer's parameters for the chosen profile once the blend's context length and
+        vocabulary are known (a profile made for another context length is refused)."""
+        r = self.recipe
+        if r.seq_len is not None and r.seq_len != seq_len:
+            raise ConfigError(f"profile {self.profile!r} is for seq_len {r.seq_len} but the blend's samples hold "
+                              f"{seq_len} tokens (params tokenize.seq_length)")
+        settings = {k: getattr(self, k) for k in RunSettings.model_fields}
+        return TrainParams(model=ModelParams(**r.model.model_dump(), seq_len=seq_len, vocab_size=vocab_size),
+                           parallel=r.parallel, optim=r.optim, schedule=r.schedule, **settings)

@@ -1,5 +1,7 @@
-"""Start one process per rank on this machine with torchrun (127.0.0.1, gloo on CPU / NCCL on GPU).
-Several nodes: the same module under the `deepspeed` launcher with a hostfile."""
+"""Start one process per rank: torchrun on this machine (127.0.0.1, gloo on CPU / NCCL on GPU), or,
+with a hostfile, DeepSpeed's launcher on every host it names (pdsh over ssh from the first host; one
+host: started here). Either way the ranks' output is one stream, and a failing rank ends the launch
+with that rank's one-line error."""
 from __future__ import annotations
 
 import os
@@ -8,11 +10,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tasks.core.errors import ConfigError
+from trainer.config import LaunchParams
+
+LOCAL = LaunchParams()
+
 
 class LaunchFailed(RuntimeError):
     def __init__(self, code: int, line: str):
         self.code, self.line = code, line
-        super().__init__(f"torchrun exited {code}: {line}")
+        super().__init__(f"launch exited {code}: {line}")
 
 
 def free_port() -> int:
@@ -21,21 +28,56 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def command(module: str, config: Path, ranks: int) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(ranks),
-            "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", module, str(config)]
+def hosts(hostfile: str) -> dict[str, int]:
+    """A DeepSpeed hostfile's hosts and their slots, read by DeepSpeed's own parser (the launcher reads
+    it the same way); a missing or malformed file is a ConfigError naming it."""
+    path = Path(hostfile)
+    if not path.is_file():
+        raise ConfigError(f"train.launch.hostfile {hostfile}: no such file")
+    from deepspeed.launcher.runner import fetch_hostfile
+    try:
+        found = fetch_hostfile(str(path))
+    except ValueError as e:
+        raise ConfigError(f"train.launch.hostfile {hostfile}: {e} (lines are `<host> slots=<ranks>`)") from None
+    if not found:
+        raise ConfigError(f"train.launch.hostfile {hostfile}: no `<host> slots=<ranks>` line")
+    return dict(found)
 
 
-def environment() -> dict:
+def check(launch: LaunchParams, ranks: int) -> None:
+    """The hostfile's slots must be the layout's ranks (DeepSpeed would start the slots' count)."""
+    if launch.hostfile is None:
+        return
+    found = hosts(launch.hostfile)
+    if sum(found.values()) != ranks:
+        raise ConfigError(f"train.launch.hostfile {launch.hostfile} has {sum(found.values())} slots on "
+                          f"{len(found)} host(s) but the layout has tp x pp x dp = {ranks} ranks")
+
+
+def command(module: str, config: Path, ranks: int, launch: LaunchParams = LOCAL) -> list[str]:
+    port = str(launch.master_port or free_port())
+    if launch.hostfile is None:
+        return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(ranks),
+                "--master-addr", launch.master_addr or "127.0.0.1", "--master-port", port, "-m", module, str(config)]
+    check(launch, ranks)
+    one_host = len(hosts(launch.hostfile)) == 1
+    addr = launch.master_addr or ("127.0.0.1" if one_host else None)  # else DeepSpeed asks the first host (ssh)
+    # no ssh check: one host is started here, several through pdsh, which names an unreachable host itself
+    return [sys.executable, "-u", "-m", "deepspeed.launcher.runner", "--hostfile", str(Path(launch.hostfile).resolve()),
+            "--no_ssh_check", "--master_port", port, *(["--master_addr", addr] if addr else []),
+            "--no_local_rank", "--module", module, str(Path(config).resolve())]
+
+
+def environment(log: Path) -> dict:
     # one thread per rank: ranks x default threads on a few cores is ~10x slower (DESIGN.md)
-    return {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR") or "cpu", "OMP_NUM_THREADS": "1"}
-
-
-def start(module: str, config: Path, ranks: int, log: Path) -> subprocess.Popen:
-    """The launch in its own session (so `os.killpg` stops every rank), output appended to `log`."""
-    with open(log, "ab") as out:
-        return subprocess.Popen(command(module, config, ranks), env=environment(), stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+    ours = {"DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR") or "cpu", "OMP_NUM_THREADS": "1"}
+    # pdsh passes only a few variables to the other hosts: the rest go through DeepSpeed's env file
+    # (the user's ~/.deepspeed_env lines first, then ours)
+    env_file = Path(log).with_name("deepspeed_env")
+    user = Path.home() / ".deepspeed_env"
+    lines = user.read_text().splitlines() if user.is_file() else []
+    env_file.write_text("\n".join([*lines, *(f"{k}={v}" for k, v in ours.items())]) + "\n")
+    return {**os.environ, **ours, "DS_ENV_FILE": str(env_file.resolve())}
 
 
 def first_error(log: Path) -> str:
@@ -52,26 +94,34 @@ def first_error(log: Path) -> str:
     return errors[0].strip() if errors else f"see {log}"
 
 
-def run(module: str, config: Path, ranks: int, log: Path, timeout: float | None = 1800, echo=None) -> None:
+def start(module: str, config: Path, ranks: int, log: Path, launch: LaunchParams = LOCAL) -> subprocess.Popen:
+    """The launch in its own session (so `os.killpg` stops every local rank), output appended to `log`."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(command(module, config, ranks, launch), env=environment(log), stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def run(module: str, config: Path, ranks: int, log: Path, timeout: float | None = 1800, echo=None,
+        launch: LaunchParams = LOCAL) -> None:
     """Run to the end (every rank killed after `timeout` seconds; None: no limit); the ranks' output
     goes to `log` and, as it comes, to `echo` (a binary stream, e.g. sys.stderr.buffer)."""
     if echo is None:
-        proc = start(module, config, ranks, log)
+        proc = start(module, config, ranks, log, launch)
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, 9)
             raise
     else:
-        code = _run_echoing(module, config, ranks, log, echo, timeout)
+        code = _run_echoing(command(module, config, ranks, launch), log, echo, timeout)
     if code:
         raise LaunchFailed(code, first_error(log))
 
 
-def _run_echoing(module: str, config: Path, ranks: int, log: Path, echo, timeout: float | None) -> int:
+def _run_echoing(cmd: list[str], log: Path, echo, timeout: float | None) -> int:
     import threading
-    proc = subprocess.Popen(command(module, config, ranks), env=environment(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(cmd, env=environment(log), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
     timer = threading.Timer(timeout, os.killpg, (proc.pid, 9)) if timeout else None
     if timer:
         timer.start()

@@ -15,7 +15,7 @@ from pathlib import Path
 from pydantic import Field
 
 from tasks.core.config import Strict
-from trainer.config import TrainParams
+from trainer.config import LaunchParams, TrainParams
 
 
 class RunSpec(Strict):
@@ -26,6 +26,7 @@ class RunSpec(Strict):
     mock_samples: int = Field(0, ge=0, description="Train on this many mock samples instead of a blend.")
     init_from: str | None = Field(None, description="A checkpoint folder (any layout) to start from when "
                                                     "`out` has none of its own.")
+    launch: LaunchParams = LaunchParams()
 
 
 def samples_of(spec: RunSpec):
@@ -37,13 +38,14 @@ def samples_of(spec: RunSpec):
 
 
 def launch(spec: RunSpec, timeout: float = 1800) -> dict[int, float]:
-    """Run `spec` on its tp x pp x dp local ranks through torchrun; returns the loss of every step in
+    """Run `spec` on its tp x pp x dp ranks (torchrun here, or the hostfile's hosts); returns the loss of every step in
     metrics.csv, or raises RuntimeError with the ranks' first error line."""
     from trainer import launch as launcher
     out = Path(spec.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "run.json").write_text(spec.model_dump_json())
-    launcher.run("trainer.run", out / "run.json", spec.train.parallel.world_size, out / "launch.log", timeout)
+    launcher.run("trainer.run", out / "run.json", spec.train.parallel.world_size, out / "launch.log", timeout,
+                 launch=spec.launch)
     return losses(out)
 
 
@@ -58,7 +60,8 @@ def launch_and_kill(spec: RunSpec, after_step: int, timeout: float = 900) -> int
     out = Path(spec.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "run.json").write_text(spec.model_dump_json())
-    proc = launcher.start("trainer.run", out / "run.json", spec.train.parallel.world_size, out / "launch.log")
+    proc = launcher.start("trainer.run", out / "run.json", spec.train.parallel.world_size, out / "launch.log",
+                          spec.launch)
     metrics, deadline = out / "metrics.csv", time.monotonic() + timeout
     while not (metrics.is_file() and metrics.read_text().count("\n") > after_step):  # header + complete rows
         if proc.poll() is not None:

@@ -37,7 +37,7 @@ def train_params(p: PipelineParams, ctx: Context) -> TrainParams:
     blend, datasets, _ = blend_files(ctx)
     seq = json.loads((blend / REPORT).read_text(encoding="utf-8"))["seq_length"]
     vocab = read_manifest(datasets)["vocab_size"]
-    return p.train.for_data(seq, padded_vocab(vocab, p.train.parallel.tp))
+    return p.train.for_data(seq, padded_vocab(vocab, p.train.recipe.parallel.tp))
 
 
 def _inputs(p: PipelineParams, ctx: Context) -> list[str]:
@@ -88,16 +88,21 @@ def build_model(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
     from trainer.run import RunSpec
     from trainer.schedule import whole_batches
     from trainer.size import parameters
+    from tasks.tokenize.pieces import read_manifest
+    from tasks.train.profiles import check_launchable, sized_profiles
     cfg = train_params(p, ctx)
     plan(cfg.model, cfg.parallel, cfg.parallel.world_size)  # a bad layout fails here, before any launch
     blend, datasets, tokenizer = blend_files(ctx)
+    sized = sized_profiles(p.train, read_manifest(datasets)["vocab_size"], cfg.model.seq_len)
+    check_launchable(p.train, next(r for r in sized if r["profile"] == p.train.profile))
     work = ctx.root / "work"
-    spec = RunSpec(train=cfg, out=str(work), blend_dir=str(blend.resolve()), datasets_dir=str(datasets.resolve()))
+    spec = RunSpec(train=cfg, out=str(work), blend_dir=str(blend.resolve()), datasets_dir=str(datasets.resolve()),
+                   launch=p.train.launch)
     _work_folder(work, run_identity(cfg, ctx))
     (work / "run.json").write_text(spec.model_dump_json(), encoding="utf-8")
     try:
         launch.run("trainer.run", work / "run.json", cfg.parallel.world_size, work / "launch.log",
-                   timeout=None, echo=sys.stderr.buffer)  # as long as the schedule takes
+                   timeout=p.train.launch.timeout_s, echo=sys.stderr.buffer, launch=p.train.launch)
     except launch.LaunchFailed as e:  # the rank's own line, label and exit code
         raise from_line(e.line, f" (stage 'train', log: {work / 'launch.log'})") from None
     final = checkpoint.latest(work / "checkpoints")
@@ -109,7 +114,7 @@ def build_model(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
     rows = _metrics(tmp / "metrics.csv")
     every = max(1, len(rows) // CURVE_POINTS)
     m = cfg.model
-    report = {"steps": meta["step"], "tokens": meta["consumed_tokens"], "samples": meta["consumed_samples"],
+    report = {"profile": p.train.profile, "steps": meta["step"], "tokens": meta["consumed_tokens"], "samples": meta["consumed_samples"],
               "train_tokens": cfg.schedule.train_tokens or whole_batches(
                   samples, cfg.schedule, cfg.parallel, m.seq_len) * m.seq_len,
               "global_batch": cfg.parallel.global_batch, "parameters": parameters(m),
@@ -117,7 +122,7 @@ def build_model(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
               "first_loss": float(rows[0]["loss"]) if rows else None,
               "tokens_per_s": statistics.median(float(r["tokens_per_s"]) for r in rows) if rows else None,
               "loss_curve": [[int(r["step"]), float(r["loss"])] for r in rows[::every]],
-              "model": m.model_dump()}
+              "model": m.model_dump(), "profiles": sized}
     (tmp / "train_report.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
     return report
 
@@ -125,6 +130,6 @@ def build_model(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
 STAGE = Stage(
     name=NAME, section="train", input=lambda p: p.train.input_stage,
     doc="A GPT trained with tensor, pipeline and data parallelism on the blend; checkpoint + HF export.",
-    passes=(GlobalPass("model", build=build_model, params=lambda p: p.train.model_dump(), inputs=_inputs),),
+    passes=(GlobalPass("model", build=build_model, params=lambda p: p.train.model_dump(exclude={"launch"}), inputs=_inputs),),
     suite="tasks.validation.train",
 )

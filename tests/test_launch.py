@@ -1,0 +1,78 @@
+"""Launching with a hostfile (DeepSpeed's launcher), on one host and on two "nodes": the same losses as
+torchrun's launch; a hostfile that does not match the layout is refused before anything starts.
+
+Two nodes on one machine: a `pdsh` stand-in on PATH runs DeepSpeed's per-node command once per host
+of `-w` with `%n` replaced by the host's index, as pdsh does over ssh; each node then starts its rank
+through `deepspeed.launcher.launch`, and the two ranks meet at 127.0.0.1 as two nodes would."""
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from tasks.core.errors import ConfigError
+from trainer import launch
+from trainer.config import LaunchParams
+from trainer.run import launch as launch_run
+from tests.test_train_loop import spec
+
+PDSH = r'''#!/usr/bin/env bash
+# pdsh stand-in: the command once per host of -w, here, with %n = the host's index; -S: the largest exit code
+while [ $# -gt 0 ]; do
+  case "$1" in -S) shift ;; -f) shift 2 ;; -w) hosts="$2"; shift 2 ;; *) break ;; esac
+done
+cmd="$*"; IFS=, read -ra names <<< "$hosts"; pids=(); i=0
+for h in "${names[@]}"; do echo "$h" >> "$(dirname "$0")/started"; bash -c "${cmd//%n/$i}" & pids+=($!); i=$((i+1)); done
+rc=0; for p in "${pids[@]}"; do wait "$p" || rc=$?; done; exit $rc
+'''
+
+
+def hostfile(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "hostfile"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def torchrun_losses(tmp_path_factory) -> dict[int, float]:
+    return launch_run(spec(tmp_path_factory.mktemp("torchrun"), steps=4), timeout=900)
+
+
+def test_one_host_hostfile_runs_through_the_deepspeed_launcher(torchrun_losses, tmp_path):
+    s = spec(tmp_path / "run", steps=4).model_copy(
+        update={"launch": LaunchParams(hostfile=hostfile(tmp_path, "localhost slots=2\n"))})
+    assert launch_run(s, timeout=900) == torchrun_losses
+    assert "deepspeed.launcher.launch" in (tmp_path / "run" / "launch.log").read_text()
+
+
+def test_two_nodes_through_pdsh_give_the_same_losses(torchrun_losses, tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "pdsh").write_text(PDSH)
+    (bin_dir / "pdsh").chmod(0o755 | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    hosts = hostfile(tmp_path, "# two DGX nodes, one rank each\nnode-a slots=1\nnode-b slots=1\n")
+    s = spec(tmp_path / "run", steps=4).model_copy(
+        update={"launch": LaunchParams(hostfile=hosts, master_addr="127.0.0.1")})
+    assert launch_run(s, timeout=900) == torchrun_losses
+    assert (bin_dir / "started").read_text().split() == ["node-a", "node-b"]
+    env_file = (tmp_path / "run" / "deepspeed_env").read_text()
+    assert "OMP_NUM_THREADS=1" in env_file and "DS_ACCELERATOR=" in env_file  # what pdsh carries to the nodes
+
+
+@pytest.mark.parametrize("text,message", [
+    ("node-a slots=1\n", r"has 1 slots on 1 host\(s\) but the layout has tp x pp x dp = 2 ranks"),
+    ("node-a slots=1\nnode-b slots=2\n", r"has 3 slots on 2 host\(s\)"),
+    ("node-a slots=two\n", "hostfile .*: .*`<host> slots=<ranks>`"),
+    ("\n", "empty or not formatted correctly"),
+])
+def test_a_hostfile_that_does_not_fit_the_layout_is_refused(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=message):
+        launch.check(LaunchParams(hostfile=hostfile(tmp_path, text)), 2)
+
+
+def test_a_missing_hostfile_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="train.launch.hostfile .*nowhere: no such file"):
+        launch.check(LaunchParams(hostfile=str(tmp_path / "nowhere")), 2)
