@@ -3,7 +3,7 @@ checkpoint written at one (tp, pp, dp) resumes at any other and exports without 
 
     <dir>/step-00000010/stage-<s>.safetensors  param/<name>, exp_avg/<name>, exp_avg_sq/<name> (fp32)
                         rng-<rank>.safetensors  the rank's torch RNG (restored at the same layout)
-                        meta.json               step, data position, Adam step, model, layout
+                        meta.json               step, data position, Adam step, fp16 loss scaler, model, layout
     <dir>/latest                                the newest complete checkpoint's folder name
 
 Writing: every rank gathers its parameters whole (the fp32 master and Adam moments over the ZeRO-1
@@ -24,7 +24,7 @@ import torch.distributed as dist
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from tasks.core.errors import ConfigError
+from tasks.core.errors import ConfigError, TrainingError
 from trainer import tensor_parallel as tp
 from trainer.pipeline import plain_modules
 
@@ -90,6 +90,36 @@ def _adam_step(engine) -> int:
     return int(max(steps, default=0))
 
 
+SCALER_FIELDS = ("cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis")
+
+
+def loss_scaler(engine):
+    """DeepSpeed's dynamic fp16 loss scaler, or None (bf16/fp32, or a static scale): ZeRO's optimizer
+    holds a DynamicLossScaler, DeepSpeed's fp16 optimizer without ZeRO a LossScaleConfig."""
+    opt = engine.ds.optimizer
+    scaler = getattr(opt, "loss_scaler", None) or getattr(opt, "loss_scale_config", None)
+    dynamic = getattr(scaler, "dynamic", False) or getattr(scaler, "dynamic_loss_scale", False)
+    return scaler if dynamic else None
+
+
+def scaler_state(scaler) -> dict | None:
+    """The scale and the counters that decide its next change (an overflow halves it after
+    `hysteresis` overflows; `scale_window` clean steps since the last overflow double it)."""
+    if scaler is None:
+        return None
+    return {k: getattr(scaler, k) for k in SCALER_FIELDS if hasattr(scaler, k)}
+
+
+def restore_scaler(scaler, state: dict | None) -> None:
+    """A resumed fp16 run goes on with the scale it had, not 2^16 again (which would skip steps to
+    find it); a checkpoint without a scaler (bf16/fp32) leaves the fresh one."""
+    if scaler is None or not state:
+        return
+    for k, v in state.items():
+        if hasattr(scaler, k):
+            setattr(scaler, k, v)
+
+
 def _rng_state() -> dict[str, torch.Tensor]:
     state = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -110,9 +140,37 @@ def _durable(folder: Path) -> None:
 
 
 def save(engine, directory: Path, step: int, state: dict) -> Path:
-    """Write checkpoint `step` (every rank calls this); `state` is the run's position (JSON-able)."""
+    """Write checkpoint `step` (every rank calls this); `state` is the run's position (JSON-able).
+    A failed write (a full disk) stops the run with a TrainingError naming the step and the cause;
+    `latest` still names the previous checkpoint, which is what a restart loads."""
     directory = Path(directory)
     final, partial = directory / f"step-{step:08d}", directory / f"step-{step:08d}.partial"
+    try:
+        return _save(engine, directory, final, partial, step, state)
+    except Exception as e:  # noqa: BLE001 - safetensors reports I/O as its own SafetensorError
+        if isinstance(e, TrainingError) or not _is_io(e):
+            raise
+        shutil.rmtree(partial, ignore_errors=True)  # give the space back: the run stops here
+        previous = latest(directory)
+        cause = e.strerror if isinstance(e, OSError) and e.strerror else _io_cause(str(e))
+        raise TrainingError(f"checkpoint step {step} not saved in {directory}: {cause}; "
+                            + (f"{previous.name} stays the latest" if previous else "there is no earlier checkpoint")
+                            ) from None
+
+
+def _is_io(e: Exception) -> bool:
+    return isinstance(e, OSError) or "(os error " in str(e)
+
+
+def _io_cause(message: str) -> str:
+    """safetensors' `Error while serializing: I/O error: No space left on device (os error 28)` as
+    the OS's words."""
+    import re
+    found = re.search(r"I/O error: (.+?) \(os error \d+\)", message)
+    return found.group(1) if found else message.splitlines()[0] if message else "I/O error"
+
+
+def _save(engine, directory: Path, final: Path, partial: Path, step: int, state: dict) -> Path:
     if engine.rank == 0:
         shutil.rmtree(partial, ignore_errors=True)  # left by a save that was killed
         partial.mkdir(parents=True)
@@ -133,7 +191,8 @@ def save(engine, directory: Path, step: int, state: dict) -> Path:
     adam_step = _adam_step(engine)
     dist.barrier()
     if engine.rank == 0:
-        meta = {"format": 1, "step": step, **state, "adam_step": adam_step, "model": engine.model.model_dump(),
+        meta = {"format": 1, "step": step, **state, "adam_step": adam_step,
+                "loss_scaler": scaler_state(loss_scaler(engine)), "model": engine.model.model_dump(),
                 "layout": {"tp": engine.par.tp, "pp": engine.par.pp, "dp": engine.par.dp}}
         (partial / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
         _durable(partial)
@@ -214,6 +273,7 @@ def load(engine, folder: Path) -> dict:
     for name, module, attr, param in _params(engine):
         for key in KEYS:
             _set(engine, param, key, tensors.local(f"{key}/{name}", module, attr))
+    restore_scaler(loss_scaler(engine), meta.get("loss_scaler"))
     rng = Path(folder) / f"rng-{engine.rank}.safetensors"
     same_layout = meta["layout"] == {"tp": engine.par.tp, "pp": engine.par.pp, "dp": engine.par.dp}
     if same_layout and rng.is_file():

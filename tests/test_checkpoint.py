@@ -1,0 +1,107 @@
+"""Checkpoint state beyond the tensors: DeepSpeed's fp16 loss scaler goes through meta.json and a
+restored scaler makes the same decisions as the one that never stopped; a full disk during a save
+leaves the previous checkpoint the one that loads, and the run resumes from it to the same losses."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+
+from tests.test_train_loop import spec
+from trainer import checkpoint
+from trainer.run import launch as launch_run
+from trainer.run import losses
+
+
+def scaler() -> DynamicLossScaler:
+    # DeepSpeed's fp16 defaults as trainer.engine configures them: 2^16, window 1000, hysteresis 2
+    return DynamicLossScaler(init_scale=2.0**16, scale_window=1000, min_scale=1, delayed_shift=2,
+                             consecutive_hysteresis=False)
+
+
+def engine_with(s) -> SimpleNamespace:
+    return SimpleNamespace(ds=SimpleNamespace(optimizer=SimpleNamespace(loss_scaler=s)))
+
+
+def test_the_fp16_loss_scaler_resumes_where_it_was():
+    before = scaler()
+    for _ in range(1500):  # past one doubling (window 1000); then a pending hysteresis
+        before.update_scale(False)
+    before.cur_hysteresis, before.last_overflow_iter = 1, 1400
+    state = json.loads(json.dumps(checkpoint.scaler_state(checkpoint.loss_scaler(engine_with(before)))))
+    assert state["cur_scale"] == 2.0**17 and state["cur_iter"] == 1500
+    after = scaler()
+    checkpoint.restore_scaler(checkpoint.loss_scaler(engine_with(after)), state)
+    for _ in range(1200):
+        before.update_scale(False)
+        after.update_scale(False)
+        assert (after.cur_scale, after.cur_iter, after.cur_hysteresis) == \
+            (before.cur_scale, before.cur_iter, before.cur_hysteresis)
+    assert after.cur_scale == 2.0**18, "doubled again 1000 clean steps after the restored overflow"
+
+
+def test_bf16_and_fp32_have_no_scaler_to_save():
+    assert checkpoint.loss_scaler(engine_with(LossScaler(scale=1.0))) is None
+    assert checkpoint.scaler_state(None) is None
+    checkpoint.restore_scaler(None, {"cur_scale": 8.0})  # an fp16 checkpoint resumed in bf16: nothing to set
+
+
+def _can_mount_tmpfs() -> bool:
+    if not shutil.which("unshare"):
+        return False
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /tmp"],
+                           capture_output=True)
+    return probe.returncode == 0
+
+
+DISK_FULL = '''
+import sys
+from pathlib import Path
+from trainer.run import RunSpec, launch
+spec = RunSpec.model_validate_json(Path(sys.argv[1]).read_text())
+try:
+    launch(spec, timeout=600)
+except RuntimeError as e:
+    print("LAUNCH FAILED:", e.line if hasattr(e, "line") else e)
+    sys.exit(0)
+sys.exit("the run finished on a full disk")
+'''
+
+
+@pytest.mark.skipif(not _can_mount_tmpfs(), reason="needs unshare -rm to mount a small tmpfs")
+def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(tmp_path):
+    """The run's checkpoints on a tmpfs with room for one checkpoint and a half: the save at step 4
+    fits, the one at step 8 runs out of space mid-write. The stage's rank must fail with a line that
+    says so, `latest` must still name step 4, and a resume from it must give the uninterrupted losses."""
+    reference = launch_run(spec(tmp_path / "reference", steps=10, checkpoint_every=4), timeout=900)
+    size = sum(f.stat().st_size for f in (tmp_path / "reference/checkpoints/step-00000004").iterdir())
+    s = spec(tmp_path / "full", steps=10, checkpoint_every=4)
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full/run.json").write_text(s.model_dump_json())
+    (tmp_path / "drive.py").write_text(DISK_FULL)
+    saved = tmp_path / "saved"
+    ckpt = tmp_path / "full/checkpoints"
+    ckpt.mkdir()
+    # in a private mount namespace: the tmpfs vanishes with it, so its contents are copied out at the end
+    script = (f"mount -t tmpfs -o size={int(size * 1.5)} tmpfs {ckpt} && "
+              f"{sys.executable} {tmp_path / 'drive.py'} {tmp_path / 'full/run.json'}; rc=$?; "
+              f"cp -a {ckpt} {saved}; df -k {ckpt} | tail -1; exit $rc")
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=900,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stdout + done.stderr
+    failed = next(ln for ln in done.stdout.splitlines() if ln.startswith("LAUNCH FAILED:"))
+    assert "No space left on device" in failed and "step 8" in failed, failed
+    assert (saved / "latest").read_text() == "step-00000004"
+    assert not (saved / "step-00000008").exists()
+    assert {k: v for k, v in losses(tmp_path / "full").items() if k <= 4} == \
+        {k: v for k, v in reference.items() if k <= 4}
+    # resume from what the full disk left: the same losses as the run that never stopped
+    resumed = launch_run(spec(tmp_path / "resumed", steps=10, checkpoint_every=4).model_copy(
+        update={"init_from": str(saved / "step-00000004")}), timeout=900)
+    assert resumed == {k: v for k, v in reference.items() if k > 4}
