@@ -4,8 +4,12 @@ configured task runner; then the stage's expectation suite runs and its stats la
 Parameters are the typed models from params.yaml."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import os
+import threading
+import time
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -67,7 +71,8 @@ def run_stage_flow(stage: str, p: PipelineParams) -> dict:
     from prefect.runtime import flow_run
     if flow_run.id:  # the stage's outputs record the flow run that made them (evaluation provenance)
         os.environ["PREFECT__FLOW_RUN_ID"] = str(flow_run.id)
-    stats = run_stage(stage, p, map_shards=map_with_prefect)
+    with watching(next(st for st in STAGES if st.name == stage), p):
+        stats = run_stage(stage, p, map_shards=map_with_prefect)
     try:
         report = validate_stage(stage, p)
     except ExpectationFailed as e:
@@ -77,6 +82,48 @@ def run_stage_flow(stage: str, p: PipelineParams) -> dict:
     artifact = publish(stats, report, p)
     log.info("%s: %s", stage, json.dumps({k: stats.get(k) for k in ("docs_in", "docs_out", "dropped")}))
     return {**stats, "artifact": str(artifact)}
+
+
+@contextlib.contextmanager
+def watching(st: Stage, p: PipelineParams, poll_s: float = 2.0, log_s: float = 10.0):
+    """While a stage with declared progress runs (a training run): a Prefect progress artifact updated
+    every `poll_s` and its line in the run's log every `log_s` (the first and the last always)."""
+    if st.progress is None:
+        yield
+        return
+    log, since, stop = get_run_logger(), time.time(), threading.Event()
+    artifact = create_progress_artifact(0.0, description=f"{st.name}: progress of the run")
+    seen = {"got": None, "logged": None, "at": 0.0}
+
+    def poll(final: bool = False) -> None:
+        got = st.progress(p, since)
+        if got is not None and got != seen["got"]:
+            seen["got"] = got
+            update_progress_artifact(artifact, 100.0 * got[0])
+        got = seen["got"]
+        due = final or seen["logged"] is None or time.monotonic() - seen["at"] >= log_s
+        if got is not None and got != seen["logged"] and due:
+            log.info(got[1])
+            seen["logged"], seen["at"] = got, time.monotonic()
+
+    def safe_poll(final: bool = False) -> None:
+        try:
+            poll(final)
+        except Exception as e:  # noqa: BLE001 - a missed update must not stop the watch or the stage
+            log.debug("progress update failed: %s", e)
+
+    def watch() -> None:
+        while not stop.wait(poll_s):
+            safe_poll()
+
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(watch,), daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        safe_poll(final=True)  # the last step's numbers, whatever the timing
 
 
 def _with_validation(stats: dict, p: PipelineParams) -> dict:

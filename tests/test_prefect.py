@@ -82,6 +82,14 @@ def test_pipeline_against_server_publishes_artifacts(server, tmp_path):
     assert "| docs out |" in text["extract-stats"] and "### Validation passed" in text["extract-stats"]
     assert "Data Docs" in text["download-stats"]
     assert "| lambada |" in text["decontaminate-stats"] and "Task n-gram index" in text["decontaminate-stats"]
+    # the training run's progress in the UI: a progress artifact at 100% and its step lines in the run's log
+    train_run = next(r for r in runs if api(server, f"/flows/{r['flow_id']}")["name"] == "stage-train")
+    progress = api(server, "/artifacts/filter", {"artifacts": {"type": {"any_": ["progress"]},
+                                                               "flow_run_id": {"any_": [train_run["id"]]}}})
+    assert [a["data"] for a in progress] == [100.0]
+    logs = api(server, "/logs/filter", {"logs": {"flow_run_id": {"any_": [train_run["id"]]}}})
+    steps = [entry["message"] for entry in logs if entry["message"].startswith("train step ")]
+    assert steps and re.match(r"train step 2: loss \d+\.\d{4}, lr .*, 2,048/2,048 tokens \(100%\)", steps[-1]), steps
 
 
 def test_deployment_triggered_like_the_ui(server, tmp_path):

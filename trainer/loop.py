@@ -3,6 +3,7 @@ latest one (at any layout), and per-step metrics (CSV for `dvc plots`, a progres
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
 import sys
@@ -24,6 +25,16 @@ def model_flops(model: ModelParams, sequences: int) -> float:
     72 B s l h^2 (1 + s / 6h + V / 12 l h)."""
     b, s, l, h, v = sequences, model.seq_len, model.n_layer, model.d_model, model.vocab_size
     return 72.0 * b * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h))
+
+
+def write_progress(path: Path, row: dict, train_tokens: int, since: tuple[int, float]) -> None:
+    """Rank 0's progress.json (the last step's numbers, the target, the tokens and seconds this launch
+    has run since `since` = (tokens, perf_counter) at its start, for an ETA), replaced atomically each
+    step, for watchers such as the Prefect flow's progress artifact."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({**row, "train_tokens": train_tokens, "run_tokens": row["tokens"] - since[0],
+                               "run_seconds": round(time.perf_counter() - since[1], 3)}))
+    os.replace(tmp, path)
 
 
 class MetricsLog:
@@ -75,6 +86,7 @@ def train(cfg: TrainParams, samples: Samples, out: Path, init_from: Path | None 
     log = MetricsLog(out / "metrics.csv", step) if leader else None
     bar = _progress(cfg, position["consumed_tokens"]) if leader else None
     world = cfg.parallel.world_size
+    since = (position["consumed_tokens"], time.perf_counter())
     try:
         while position["consumed_tokens"] < cfg.schedule.train_tokens:
             rows = schedule.global_batch(position["consumed_samples"], cfg.schedule, cfg.parallel, seq)
@@ -97,10 +109,12 @@ def train(cfg: TrainParams, samples: Samples, out: Path, init_from: Path | None 
             position = {"consumed_samples": start + rows, "consumed_tokens": position["consumed_tokens"] + rows * seq}
             if leader:
                 tflops = model_flops(engine.model, rows) / seconds / world / 1e12
-                log.add({"step": step, "loss": repr(loss), "lr": f"{lr:.6g}", "global_batch": rows,
-                         "tokens": position["consumed_tokens"], "tokens_per_s": f"{rows * seq / seconds:.1f}",
-                         "tflops_per_device": f"{tflops:.4f}",
-                         "mfu": f"{tflops / cfg.peak_tflops:.4f}" if cfg.peak_tflops else ""})
+                row = {"step": step, "loss": repr(loss), "lr": f"{lr:.6g}", "global_batch": rows,
+                       "tokens": position["consumed_tokens"], "tokens_per_s": f"{rows * seq / seconds:.1f}",
+                       "tflops_per_device": f"{tflops:.4f}",
+                       "mfu": f"{tflops / cfg.peak_tflops:.4f}" if cfg.peak_tflops else ""}
+                log.add(row)
+                write_progress(out / "progress.json", row, cfg.schedule.train_tokens, since)
                 bar.update(rows * seq)
                 bar.set_postfix(step=step, loss=f"{loss:.4f}", refresh=False)
             done = position["consumed_tokens"] >= cfg.schedule.train_tokens

@@ -117,6 +117,9 @@ class Stage:
     report: Callable[[dict], dict] | None = None  # stats.json additions from the merged totals
     # files beside stats.json made from the final stats (relative path -> text): e.g. CSVs for `dvc plots`
     plot_files: Callable[[dict], dict[str, str]] | None = None
+    # long work inside one global pass (a training run): its progress while the pass runs, read from
+    # what the pass writes, as (fraction done, one line), or None before it has begun; a flow polls it
+    progress: Callable[[PipelineParams, float], tuple[float, str] | None] | None = None
     # its outputs cite the dvc.lock hashes of the stages before it: the pipeline records those first
     cites_lineage: bool = False
 

@@ -127,9 +127,33 @@ def build_model(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
     return report
 
 
+def progress(p: PipelineParams, since: float) -> tuple[float, str] | None:
+    """The run's progress from the progress.json rank 0 replaces each step (one written after `since`,
+    a time.time(), so a finished earlier run's file does not count): fraction of tokens, and a line."""
+    path = Path(p.paths.data_dir) / NAME / "work" / "progress.json"
+    try:
+        if path.stat().st_mtime < since:
+            return None
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # not there yet, or replaced while read
+        return None
+    done, total = int(d["tokens"]), max(1, int(d["train_tokens"]))
+    rate = d["run_tokens"] / d["run_seconds"] if d["run_seconds"] > 0 else 0.0
+    eta = f", ETA {_clock((total - done) / rate)}" if rate > 0 and done < total else ""
+    mfu = f", MFU {float(d['mfu']):.1%}" if d.get("mfu") else ""
+    return min(1.0, done / total), (f"train step {d['step']}: loss {float(d['loss']):.4f}, lr {float(d['lr']):.3g}, "
+                                    f"batch {d['global_batch']}, {done:,}/{total:,} tokens ({done / total:.0%}), "
+                                    f"{float(d['tokens_per_s']):,.0f} tokens/s{mfu}{eta}")
+
+
+def _clock(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
 STAGE = Stage(
     name=NAME, section="train", input=lambda p: p.train.input_stage,
     doc="A GPT trained with tensor, pipeline and data parallelism on the blend; checkpoint + HF export.",
     passes=(GlobalPass("model", build=build_model, params=lambda p: p.train.model_dump(exclude={"launch"}), inputs=_inputs),),
-    suite="tasks.validation.train",
+    suite="tasks.validation.train", progress=progress,
 )
