@@ -87,6 +87,12 @@ def stats_markdown(stats: dict, report: ValidationReport | None, p: PipelinePara
         lines += [f"| {name} | {row['tokens']:,} | {row['documents']:,} | {row['target_share']:.4f} | "
                   f"{row['realised_share']:.4f} | {row['epochs']:.2f} |"
                   for name, row in sorted(stats["blend"].items(), key=lambda kv: -kv[1]["target_share"])]
+    if isinstance(stats.get("profiles"), list):  # train: every profile validated and sized, the chosen one ran
+        lines += ["", f"Profiles (the one that ran: `{stats.get('profile')}`), sized at the blend's vocabulary:", "",
+                  "| profile | parameters | layout (tp x pp x dp) | GPUs | GiB per GPU (busiest stage) |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {r['profile']} | {r['parameters']:,} | {r['layout']['tp']} x {r['layout']['pp']} x "
+                  f"{r['layout']['dp']} | {r['gpus']:,} | {r['gib_per_gpu']} |" for r in stats["profiles"]]
     if isinstance(stats.get("accuracy"), dict):  # evaluate: MT-NLG Figure 3's table
         settings = [s for s in ("zero-shot", "one-shot", "few-shot") if any(s in r for r in stats["accuracy"].values())]
         k = stats.get("fewshot_k", {})

@@ -116,3 +116,24 @@ def test_a_gpu_machine_is_checked_for_devices_and_memory():
     with pytest.raises(ConfigError, match="needs ~90.0 GiB per GPU"):
         check_launchable(p, {"gpus": 1, "gib_per_gpu": 90.0}, one_gpu)
     check_launchable(p, {"gpus": 1, "gib_per_gpu": 18.7}, one_gpu)
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"vocab_size": 256}, r"the data's vocabulary \(300 tokens\) does not fit the model's vocab_size 256"),
+    ({"seq_len": 32}, "the data's samples hold 16 tokens but the model's seq_len is 32"),
+])
+def test_a_blend_that_does_not_fit_the_model_stops_every_rank_with_one_line(blended, tmp_path, change, message):
+    """trainer.run on a finished blend with a model of another vocabulary or context length (a RunSpec
+    written by hand, or a checkpoint's model reused): refused before any step, exit 2, every rank."""
+    from trainer.config import ModelParams, ParallelParams, ScheduleParams, TrainParams
+    from trainer.launch import LaunchFailed
+    from trainer.run import RunSpec, launch
+    model = ModelParams(n_layer=2, n_head=2, d_model=32, vocab_size=1024, seq_len=16).model_copy(update=change)
+    train = TrainParams(model=model, parallel=ParallelParams(pp=2, micro_batch=2, global_batch=4),
+                        schedule=ScheduleParams(train_tokens=64))
+    data = blended / "data/tokenize"
+    spec = RunSpec(train=train, out=str(tmp_path / "run"), blend_dir=str(data / "blend"),
+                   datasets_dir=str(data / "datasets"))
+    with pytest.raises(LaunchFailed, match=message) as failed:
+        launch(spec, timeout=300)
+    assert failed.value.line.startswith("configuration error: ")

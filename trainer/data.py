@@ -11,6 +11,9 @@ import torch
 
 
 class Samples(Protocol):
+    seq_len: int  # tokens a sample trains on (it holds seq_len + 1)
+    vocab_size: int  # token ids are below this
+
     def __len__(self) -> int: ...
     def __getitem__(self, k: int) -> np.ndarray: ...
 
@@ -19,7 +22,7 @@ class MockSamples:
     """Deterministic random tokens (Megatron's --mock-data): for smoke runs and benchmarks without a blend."""
 
     def __init__(self, n: int, seq_len: int, vocab: int, seed: int = 0):
-        self.n, self.seq_len, self.vocab, self.seed = n, seq_len, vocab, seed
+        self.n, self.seq_len, self.vocab_size, self.seed = n, seq_len, vocab, seed
 
     def __len__(self) -> int:
         return self.n
@@ -27,12 +30,39 @@ class MockSamples:
     def __getitem__(self, k: int) -> np.ndarray:
         if not 0 <= k < self.n:
             raise IndexError(k)
-        return np.random.default_rng((self.seed, k)).integers(0, self.vocab, self.seq_len + 1, dtype=np.int64)
+        return np.random.default_rng((self.seed, k)).integers(0, self.vocab_size, self.seq_len + 1, dtype=np.int64)
+
+
+class Blend:
+    """A finished blend with the context length and vocabulary it was made with."""
+
+    def __init__(self, blend_dir: Path, datasets_dir: Path):
+        from tasks.tokenize.blend import BlendedSamples
+        from tasks.tokenize.pieces import read_manifest
+        self.samples = BlendedSamples(blend_dir, datasets_dir)
+        self.seq_len = int(self.samples.report["seq_length"])
+        self.vocab_size = int(read_manifest(Path(datasets_dir))["vocab_size"])
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, k: int) -> np.ndarray:
+        return self.samples[k]
 
 
 def open_blend(blend_dir: Path, datasets_dir: Path) -> Samples:
-    from tasks.tokenize.blend import BlendedSamples
-    return BlendedSamples(blend_dir, datasets_dir)
+    return Blend(blend_dir, datasets_dir)
+
+
+def check_fits(samples: Samples, seq_len: int, vocab_size: int) -> None:
+    """The data must be what the model reads: samples of its context length, token ids in its
+    vocabulary (an id past it would fail deep in the embedding as an index error)."""
+    from tasks.core.errors import ConfigError
+    if samples.seq_len != seq_len:
+        raise ConfigError(f"the data's samples hold {samples.seq_len} tokens but the model's seq_len is {seq_len}")
+    if samples.vocab_size > vocab_size:
+        raise ConfigError(f"the data's vocabulary ({samples.vocab_size} tokens) does not fit the model's "
+                          f"vocab_size {vocab_size}")
 
 
 def replica_batch(samples: Samples, start: int, rows: int, replica: int, replicas: int) -> torch.Tensor:

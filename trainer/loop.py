@@ -15,7 +15,7 @@ import torch
 from tasks.core.errors import ConfigError, TrainingError
 from trainer import checkpoint, schedule
 from trainer.config import ModelParams, TrainParams
-from trainer.data import Samples, replica_batch
+from trainer.data import Samples, check_fits, replica_batch
 
 FIELDS = ["step", "loss", "lr", "global_batch", "tokens", "tokens_per_s", "tflops_per_device", "mfu"]
 
@@ -64,6 +64,7 @@ def train(cfg: TrainParams, samples: Samples, out: Path, init_from: Path | None 
     any layout), else starts fresh."""
     from trainer.engine import Engine
     out, seq = Path(out), cfg.model.seq_len
+    check_fits(samples, seq, cfg.model.vocab_size)
     if not cfg.schedule.train_tokens:  # 0: every sample once (as many whole batches as there are)
         tokens = schedule.whole_batches(len(samples), cfg.schedule, cfg.parallel, seq) * seq
         if not tokens:

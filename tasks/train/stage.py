@@ -122,7 +122,7 @@ def build_model(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
               "first_loss": float(rows[0]["loss"]) if rows else None,
               "tokens_per_s": statistics.median(float(r["tokens_per_s"]) for r in rows) if rows else None,
               "loss_curve": [[int(r["step"]), float(r["loss"])] for r in rows[::every]],
-              "model": m.model_dump(), "profiles": sized}
+              "peak_tflops": cfg.peak_tflops, "model": m.model_dump(), "profiles": sized}
     (tmp / "train_report.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
     return report
 
