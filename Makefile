@@ -33,7 +33,7 @@ run: install
 
 ## The test suite (CI calls this through .ci/run).
 test: install
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q tests
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q --durations=25 tests
 
 ## Reproduce the pipeline with DVC instead (same stage entry points).
 repro: install
