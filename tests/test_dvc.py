@@ -47,11 +47,10 @@ def test_repro_then_noop_then_only_changed_stages(tmp_path):
     assert ran(dvc(repo, "repro")) in (["decontaminate"], ["decontaminate", "tokenize"],
                                        ["decontaminate", "tokenize", "train", "evaluate"])
 
-    set_param(repo, "extract", "min_text_chars", 2000)  # drops documents: its output changes
+    # drops documents: its output changes, and everything after it reruns, nothing before it
+    # (a change at the root, e.g. download.n_files, is the same propagation one stage earlier)
+    set_param(repo, "extract", "min_text_chars", 2000)
     assert ran(dvc(repo, "repro")) == ["extract", "filter", "dedup", "decontaminate", "tokenize", "train", "evaluate"]
-
-    set_param(repo, "download", "n_files", 1)
-    assert ran(dvc(repo, "repro")) == ["download", "extract", "filter", "dedup", "decontaminate", "tokenize", "train", "evaluate"]
     metrics = dvc(repo, "metrics", "show")
     assert "data/extract/stats.json" in metrics and "docs_out" in metrics
     assert "accuracy.boolq.zero-shot" in metrics  # the evaluation's Figure-3 numbers
