@@ -33,25 +33,9 @@ class MockSamples:
         return np.random.default_rng((self.seed, k)).integers(0, self.vocab_size, self.seq_len + 1, dtype=np.int64)
 
 
-class Blend:
-    """A finished blend with the context length and vocabulary it was made with."""
-
-    def __init__(self, blend_dir: Path, datasets_dir: Path):
-        from tasks.tokenize.blend import BlendedSamples
-        from tasks.tokenize.pieces import read_manifest
-        self.samples = BlendedSamples(blend_dir, datasets_dir)
-        self.seq_len = int(self.samples.report["seq_length"])
-        self.vocab_size = int(read_manifest(Path(datasets_dir))["vocab_size"])
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __getitem__(self, k: int) -> np.ndarray:
-        return self.samples[k]
-
-
 def open_blend(blend_dir: Path, datasets_dir: Path) -> Samples:
-    return Blend(blend_dir, datasets_dir)
+    from tasks.tokenize.blend import BlendedSamples
+    return BlendedSamples(blend_dir, datasets_dir)
 
 
 def check_fits(samples: Samples, seq_len: int, vocab_size: int) -> None:

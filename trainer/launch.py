@@ -44,14 +44,16 @@ def hosts(hostfile: str) -> dict[str, int]:
     return dict(found)
 
 
-def check(launch: LaunchParams, ranks: int) -> None:
-    """The hostfile's slots must be the layout's ranks (DeepSpeed would start the slots' count)."""
+def check(launch: LaunchParams, ranks: int) -> dict[str, int]:
+    """The hostfile's hosts, whose slots must be the layout's ranks (DeepSpeed would start the slots'
+    count); no hostfile: none."""
     if launch.hostfile is None:
-        return
+        return {}
     found = hosts(launch.hostfile)
     if sum(found.values()) != ranks:
         raise ConfigError(f"train.launch.hostfile {launch.hostfile} has {sum(found.values())} slots on "
                           f"{len(found)} host(s) but the layout has tp x pp x dp = {ranks} ranks")
+    return found
 
 
 def command(module: str, config: Path, ranks: int, launch: LaunchParams = LOCAL) -> list[str]:
@@ -59,8 +61,7 @@ def command(module: str, config: Path, ranks: int, launch: LaunchParams = LOCAL)
     if launch.hostfile is None:
         return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(ranks),
                 "--master-addr", launch.master_addr or "127.0.0.1", "--master-port", port, "-m", module, str(config)]
-    check(launch, ranks)
-    one_host = len(hosts(launch.hostfile)) == 1
+    one_host = len(check(launch, ranks)) == 1
     addr = launch.master_addr or ("127.0.0.1" if one_host else None)  # else DeepSpeed asks the first host (ssh)
     # no ssh check: one host is started here, several through pdsh, which names an unreachable host itself
     return [sys.executable, "-u", "-m", "deepspeed.launcher.runner", "--hostfile", str(Path(launch.hostfile).resolve()),

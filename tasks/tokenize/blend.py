@@ -94,10 +94,13 @@ def build_blend(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
 
 class BlendedSamples:
     """The trainer's view of a finished blend: `len()` samples, `[k]` the k-th sample's seq_length + 1
-    tokens (int64), read from the memory-mapped datasets."""
+    tokens (int64), read from the memory-mapped datasets; `seq_len` and `vocab_size` are what it was
+    made with (the trainer checks them against the model)."""
 
     def __init__(self, blend_dir: Path, datasets_dir: Path):
         self.report = json.loads((Path(blend_dir) / REPORT).read_text(encoding="utf-8"))
+        self.seq_len = int(self.report["seq_length"])
+        self.vocab_size = int(read_manifest(Path(datasets_dir))["vocab_size"])
         self.names = self.report["order"]
         self.dataset_index = np.load(Path(blend_dir) / "dataset_index.npy", mmap_mode="r")
         self.dataset_sample_index = np.load(Path(blend_dir) / "dataset_sample_index.npy", mmap_mode="r")

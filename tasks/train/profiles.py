@@ -8,8 +8,7 @@ import os
 
 from tasks.core.errors import ConfigError
 from trainer.config import LaunchParams, TrainStageParams
-
-GIB = 2**30
+from trainer.size import GIB
 
 
 def sized_profiles(train: TrainStageParams, vocab: int, seq_len: int) -> list[dict]:

@@ -29,14 +29,17 @@ def blend_files(ctx: Context) -> tuple[Path, Path, Path]:
     return root / "blend", root / "datasets", root / "tokenizer" / "tokenizer.json"
 
 
-def train_params(p: PipelineParams, ctx: Context) -> TrainParams:
-    """The run's parameters: the section's shape and recipe, the blend's context length, and the
-    tokenizer's vocabulary padded to a multiple of 128 x tp (Megatron)."""
+def blend_facts(ctx: Context) -> tuple[dict, int]:
+    """The finished blend's report (context length, samples) and the tokenizer's vocabulary (unpadded)."""
     from tasks.tokenize.blend import REPORT
     from tasks.tokenize.pieces import read_manifest
     blend, datasets, _ = blend_files(ctx)
-    seq = json.loads((blend / REPORT).read_text(encoding="utf-8"))["seq_length"]
-    vocab = read_manifest(datasets)["vocab_size"]
+    return json.loads((blend / REPORT).read_text(encoding="utf-8")), read_manifest(datasets)["vocab_size"]
+
+
+def train_params(p: PipelineParams, seq: int, vocab: int) -> TrainParams:
+    """The run's parameters: the chosen profile's shape and recipe, the blend's context length, and the
+    tokenizer's vocabulary padded to a multiple of 128 x tp (Megatron)."""
     return p.train.for_data(seq, padded_vocab(vocab, p.train.recipe.parallel.tp))
 
 
@@ -84,16 +87,16 @@ def _metrics(path: Path) -> list[dict]:
 def build_model(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
     from trainer import checkpoint, launch
     from trainer.export import export
-    from tasks.tokenize.blend import REPORT
     from trainer.run import RunSpec
     from trainer.schedule import whole_batches
     from trainer.size import parameters
-    from tasks.tokenize.pieces import read_manifest
     from tasks.train.profiles import check_launchable, sized_profiles
-    cfg = train_params(p, ctx)
+    facts, vocab = blend_facts(ctx)
+    seq = facts["seq_length"]
+    cfg = train_params(p, seq, vocab)
     plan(cfg.model, cfg.parallel, cfg.parallel.world_size)  # a bad layout fails here, before any launch
     blend, datasets, tokenizer = blend_files(ctx)
-    sized = sized_profiles(p.train, read_manifest(datasets)["vocab_size"], cfg.model.seq_len)
+    sized = sized_profiles(p.train, vocab, seq)
     check_launchable(p.train, next(r for r in sized if r["profile"] == p.train.profile))
     work = ctx.root / "work"
     spec = RunSpec(train=cfg, out=str(work), blend_dir=str(blend.resolve()), datasets_dir=str(datasets.resolve()),
@@ -110,7 +113,7 @@ def build_model(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
     shutil.copyfile(work / "metrics.csv", tmp / "metrics.csv")
     export(tmp / "checkpoint", tmp / "hf", tokenizer)
     meta = checkpoint.read_meta(final)
-    samples = json.loads((blend / REPORT).read_text(encoding="utf-8"))["samples"]
+    samples = facts["samples"]
     rows = _metrics(tmp / "metrics.csv")
     every = max(1, len(rows) // CURVE_POINTS)
     m = cfg.model
