@@ -112,8 +112,9 @@ def main() -> None:
     docs, planted = build_corpus(args, random.Random(0))
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
+        # the corpus stands in for extract's output (in the pipeline dedup's comes between)
         p = parse_params({"paths": {"data_dir": str(data), "benchmarks_dir": args.benchmarks_dir},
-                          "runner": {"kind": "sequential"}})
+                          "runner": {"kind": "sequential"}, "decontaminate": {"input_stage": "extract"}})
         src = data / "extract" / "shards"
         src.mkdir(parents=True)
         per = -(-len(docs) // args.shards)

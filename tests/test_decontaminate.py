@@ -189,6 +189,50 @@ def test_tokens_and_spans_agree_on_nasty_text():
         assert ni.word_hashes(ni.normalize(s)).tolist() == ni.word_hashes(" ".join(ni.words_of(s))).tolist()
 
 
+def test_index_built_in_one_pass_equals_the_index_built_text_by_text():
+    """The build hashes a task's texts joined in one vectorised pass; its entries are exactly each
+    text's own: every n-gram, a text of min_n..n-1 words whole with its prefix, nothing shorter."""
+    from tasks.evalsets.loaders import TaskData
+
+    class Texts(TaskData):  # the texts as given: empty ones, repeats and all
+        def decontam_texts(self):
+            yield from (ex["text"] for ex in self.examples)
+
+    rng = random.Random(1)
+    alphabet = ["a", "b", "é", "日本", "x_y", ",", "—", "\u00a0", " ", "\t", "\n", "\x01", "w" * 40]
+    texts = ["", " ", "!!! ,,", "one two three", PASSAGE, SHORT] + \
+            [" ".join(f"w{i}" for i in range(k)) for k in range(6, 16)] + \
+            ["".join(rng.choice(alphabet) + " " * rng.randint(0, 1) for _ in range(rng.randint(0, 60)))
+             for _ in range(400)]
+    tasks = [Texts("lambada", [{"text": t} for t in texts], ("text",)),
+             Texts("boolq", [{"text": t} for t in texts[::7] + texts[:3]], ("text",)), Texts("wic", [], ("text",))]
+    n, min_n = 13, 8
+    index = ni.NgramIndex.build(tasks, n, min_n)
+    entries, prefixes, lengths = {}, set(), set()
+    for t, task in enumerate(tasks):
+        texts_t = [ex["text"] for ex in task.examples]
+        counts = [len(ni.word_hashes(ni.normalize(x))) for x in texts_t]
+        assert index.per_task[task.name] == {
+            "texts": len(texts_t), "ngrams": index.per_task[task.name]["ngrams"],
+            "short_texts": sum(min_n <= c < n for c in counts), "texts_too_short": sum(c < min_n for c in counts)}
+        for x in texts_t:
+            w = ni.word_hashes(ni.normalize(x))
+            if len(w) >= n:
+                grams = ni.window_hashes(w, n)
+            elif len(w) >= min_n:
+                grams = ni.window_hashes(w, len(w))
+                prefixes.add(int(ni.window_hashes(w[:min_n], min_n)[0]))
+                lengths.add(len(w))
+            else:
+                continue
+            for g in grams.tolist():
+                entries[g] = entries.get(g, 0) | (1 << t)
+    assert index.hashes.tolist() == sorted(entries)
+    assert index.masks.tolist() == [entries[h] for h in sorted(entries)]
+    assert index.prefixes.tolist() == sorted(prefixes) and index.short_lengths.tolist() == sorted(lengths)
+    assert index.per_task["wic"] == {"texts": 0, "ngrams": 0, "short_texts": 0, "texts_too_short": 0}
+
+
 def test_real_tasks_on_the_sample_remove_every_planted_passage(extracted, tmp_path):
     p = parse_params({**extracted.model_dump(mode="json"),
                       "paths": {"data_dir": str(tmp_path / "data"), "benchmarks_dir": extracted.paths.benchmarks_dir},
