@@ -3,9 +3,11 @@ instantiation the Python wrappers can launch. Needs nvcc, not a GPU: CI runs it 
 type error in CUDA code cannot land. NVRTC (used at run time) accepts the same text: no #include."""
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from kernels import runtime
@@ -24,14 +26,14 @@ def compile_all(arches=ARCHES, nvcc: str | None = None) -> dict[tuple[str, str],
     nvcc = nvcc or shutil.which("nvcc")
     if nvcc is None:
         raise FileNotFoundError("nvcc not found on PATH: install the CUDA toolkit to compile the kernels")
-    failures: dict[tuple[str, str], str] = {}
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        jobs = {}
         for file, expressions in runtime.every_instantiation().items():
             unit = Path(tmp) / file
             unit.write_text(translation_unit(file, expressions))
-            for arch in arches:
-                done = subprocess.run([nvcc, "-std=c++17", f"-arch={arch}", "-c", str(unit), "-o",
-                                       str(unit.with_suffix(f".{arch}.o"))], capture_output=True, text=True)
-                if done.returncode != 0:
-                    failures[(file, arch)] = done.stderr.strip()
-    return failures
+            for arch in arches:  # one nvcc per (source, arch), as many at once as there are cores
+                jobs[(file, arch)] = pool.submit(subprocess.run, [
+                    nvcc, "-std=c++17", f"-arch={arch}", "-c", str(unit), "-o", str(unit.with_suffix(f".{arch}.o"))],
+                    capture_output=True, text=True)
+        done = {key: job.result() for key, job in jobs.items()}
+    return {key: out.stderr.strip() for key, out in sorted(done.items()) if out.returncode != 0}
