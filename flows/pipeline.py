@@ -65,13 +65,17 @@ def _stats_or_none(p: PipelineParams, stage: str) -> dict | None:
 
 
 def main(argv: list[str]) -> int:
-    params_file = argv[0] if argv else "params.yaml"
+    """`python -m flows.pipeline [params.yaml [stage ...]]`: every stage, or only the named ones in DAG order."""
+    params_file, stages = (argv[0], argv[1:]) if argv else ("params.yaml", [])
     try:
         load_params(params_file)  # a bad file fails before any Prefect server starts
+        unknown = [s for s in stages if s not in PIPELINE]
+        if unknown:
+            raise ConfigError(f"unknown stage {unknown[0]!r}: the stages are {', '.join(PIPELINE)}")
     except ConfigError as e:
         print(describe(e)[1], file=sys.stderr)
         return 2
-    state = pretraining_pipeline(params_file=params_file, return_state=True)
+    state = pretraining_pipeline(params_file=params_file, stages=stages or None, return_state=True)
     if not state.is_completed():
         print(state.message, file=sys.stderr)
         return exit_code_of(state.message or "")

@@ -2,8 +2,13 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import subprocess
+import sys
 import tempfile
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -21,6 +26,7 @@ os.environ.pop("PREFECT_API_URL", None)
 
 REPO = Path(__file__).resolve().parent.parent
 BENCHMARKS = (REPO.parent / "shared" / "benchmarks").resolve()
+BIN = Path(sys.executable).parent  # the venv's prefect, dvc
 
 
 @pytest.fixture(scope="session")
@@ -65,3 +71,34 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    """A real `prefect server start` on 127.0.0.1, one for the session (its start is ~15 s), stopped by its pid."""
+    home = tmp_path_factory.mktemp("prefect-server-home")
+    port = free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": api, "PREFECT_UI_URL": f"http://127.0.0.1:{port}",
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PATH": f"{BIN}:{os.environ['PATH']}"}
+    log = open(home / "server.log", "w")
+    proc = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 180
+        while True:
+            try:
+                urllib.request.urlopen(f"{api}/health", timeout=2).read()
+                break
+            except OSError:
+                if proc.poll() is not None or time.time() > deadline:
+                    pytest.fail("prefect server did not start:\n" + (home / "server.log").read_text()[-3000:])
+                time.sleep(0.5)
+        yield env
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()

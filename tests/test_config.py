@@ -47,6 +47,12 @@ def test_cli_reports_config_error_before_work(tmp_path):
     assert out.returncode == 2
     assert "extract.extractor: Input should be 'resiliparse' or 'trafilatura'" in out.stderr
     assert not (tmp_path / "data").exists()
+    (tmp_path / "params.yaml").write_text("{}\n")
+    out = subprocess.run([sys.executable, "-m", "flows.pipeline", "params.yaml", "sample", "dedupe"], cwd=tmp_path,
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith(
+        "configuration error: unknown stage 'dedupe': the stages are sample, download, extract"), out.stderr
+    assert not (tmp_path / "data").exists()
 
 
 def test_models_are_flow_parameters():

@@ -3,7 +3,6 @@ MT-NLG's dataset priority for the document each group keeps, the removed documen
 report's matrix, resumability, and the bad inputs the issue names."""
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 

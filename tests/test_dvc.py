@@ -1,4 +1,5 @@
-"""DVC: `dvc repro` runs the DAG, reruns only what changed, and agrees with a Prefect run."""
+"""DVC: `dvc repro` runs the DAG and reruns only what changed (that a Prefect run leaves DVC up to date
+is checked in test_prefect, on the pipeline run against a server)."""
 from __future__ import annotations
 
 import os
@@ -39,29 +40,15 @@ def test_repro_then_noop_then_only_changed_stages(tmp_path):
     assert ran(dvc(repo, "repro")) == []
     assert "up to date" in dvc(repo, "status")
 
-    set_param(repo, "tokenize", "seq_length", 64)  # the blend changes, the stages before it do not
-    assert ran(dvc(repo, "repro")) == ["tokenize", "train", "evaluate"]
+    # a changed parameter reruns its stage; the stages after it rerun only if its output changed, and
+    # on the sample no document is split into more than 10 pieces: the same shards, byte for byte
+    set_param(repo, "decontaminate", "max_pieces", 50)
+    assert ran(dvc(repo, "repro")) == ["decontaminate"]
 
-    set_param(repo, "decontaminate", "margin_chars", 100)
-    # tokenize reruns only if the decontaminated shards came out different, train only if the blend did
-    assert ran(dvc(repo, "repro")) in (["decontaminate"], ["decontaminate", "tokenize"],
-                                       ["decontaminate", "tokenize", "train", "evaluate"])
-
-    # drops documents: its output changes, and everything after it reruns, nothing before it
-    # (a change at the root, e.g. download.n_files, is the same propagation one stage earlier)
+    # drops documents: its output changes, and everything after it reruns, nothing before it (a change
+    # at the root, e.g. download.n_files, or later, e.g. tokenize.seq_length, is the same propagation)
     set_param(repo, "extract", "min_text_chars", 2000)
     assert ran(dvc(repo, "repro")) == ["extract", "filter", "dedup", "decontaminate", "tokenize", "train", "evaluate"]
     metrics = dvc(repo, "metrics", "show")
     assert "data/extract/stats.json" in metrics and "docs_out" in metrics
     assert "accuracy.boolq.zero-shot" in metrics  # the evaluation's Figure-3 numbers
-
-
-def test_prefect_run_leaves_dvc_up_to_date(tmp_path):
-    repo = copy_project(tmp_path)
-    out = subprocess.run([sys.executable, "-m", "flows.pipeline", "params.yaml"], cwd=repo, env=ENV,
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "recorded in dvc.lock: sample, download, extract, filter, dedup, decontaminate, tokenize, train, evaluate" \
-        in out.stdout + out.stderr
-    assert "Data and pipelines are up to date." in dvc(repo, "status")
-    assert ran(dvc(repo, "repro")) == []

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from safetensors.torch import save_file
 
 from tasks.core.errors import ConfigError
@@ -16,7 +14,7 @@ from tasks.evaluate import history
 from tasks.evaluate.config import EvaluateParams
 from tasks.tokenize import tokenizer as tokenizers
 from tests.project_copy import copy_project
-from tests.test_prefect import BIN, api, run, server  # noqa: F401  (the server fixture)
+from tests.test_prefect import BIN, api, run
 from trainer.config import ModelParams
 from trainer.model import GPT
 
@@ -110,7 +108,7 @@ def test_two_passes_never_run_at_once(tmp_path, benchmarks_dir):
             history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, tmp_path / "history", {})
 
 
-def test_scheduled_deployment_runs_on_a_server(server, tmp_path):  # noqa: F811
+def test_scheduled_deployment_runs_on_a_server(server, tmp_path):
     repo = copy_project(tmp_path / "repo", evaluate={"tasks": ["boolq", "hans"], "shots": ["zero"], "limit": 4})
     make_run(repo / "data" / "tmp")
     (repo / "data" / "tokenize").mkdir(parents=True)

@@ -70,9 +70,10 @@ def content(stage_dir: Path) -> dict:
 
 
 def test_kill_9_during_the_index_pass_then_rerun_is_byte_identical(tmp_path):
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(small_raw(tmp_path / "data")))
+    raw = small_raw(tmp_path / "data")
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     for stage in ("sample", "download", "extract", "filter", "dedup", "decontaminate"):
-        assert cli(tmp_path, stage).wait() == 0
+        run_stage(stage, parse_params(raw))  # in this process: the CLI runs are the killed ones and the last
     stage_dir = tmp_path / "data" / "decontaminate"
     reference = content(stage_dir)
     assert {"index/hashes.npy", "index/meta.json", "frequent/frequent.npy"} <= set(reference)
