@@ -62,9 +62,13 @@ worker: install
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH PREFECT_API_URL=http://127.0.0.1:$(PORT)/api PREFECT_UI_URL=http://127.0.0.1:$(PORT) \
 	$(VENV)/bin/prefect worker start --pool local-process
 
+## Every benchmark's last line (README "Benchmarks"), after installing the references they compare with
+## (lm-evaluation-harness, datatrove). Without a GPU the kernel benchmark checks compilation only.
+BENCHES := extract decontam filter dedup blend train resume eval kernels
 bench: install
-	$(PY) -m benchmarks.extract
-	$(PY) -m benchmarks.decontam
+	$(PY) -m pip install -q -e '.[bench]'
+	set -e; for b in $(BENCHES); do echo "== benchmarks.$$b"; \
+	  PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m benchmarks.$$b; done
 
 clean:
 	find data -mindepth 1 -maxdepth 1 ! -name .gitkeep -exec rm -rf {} +
