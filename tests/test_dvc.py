@@ -5,14 +5,13 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 
+from tests.conftest import BIN
 from tests.project_copy import copy_project
 
-BIN = Path(sys.executable).parent
 ENV = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}
 
 

@@ -72,8 +72,9 @@ def content(stage_dir: Path) -> dict:
 def test_kill_9_during_the_index_pass_then_rerun_is_byte_identical(tmp_path):
     raw = small_raw(tmp_path / "data")
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    p = parse_params(raw)
     for stage in ("sample", "download", "extract", "filter", "dedup", "decontaminate"):
-        run_stage(stage, parse_params(raw))  # in this process: the CLI runs are the killed ones and the last
+        run_stage(stage, p)  # in this process: the CLI runs are the killed ones and the last
     stage_dir = tmp_path / "data" / "decontaminate"
     reference = content(stage_dir)
     assert {"index/hashes.npy", "index/meta.json", "frequent/frequent.npy"} <= set(reference)

@@ -15,11 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import free_port
+from tests.conftest import BIN, free_port
 from tests.project_copy import copy_project
 from tests.test_dvc import dvc, ran
 
-BIN = Path(sys.executable).parent
 
 
 def api(env: dict, path: str, body: dict | None = None):

@@ -159,8 +159,8 @@ def _task_entries(texts: list[str], n: int, min_n: int) -> tuple[np.ndarray, np.
     starts, ends = np.concatenate(([0], sep + 1)), np.concatenate((sep, [len(h)]))
     counts = ends - starts
     grams = window_hashes(h, n)
-    text = np.searchsorted(starts, np.arange(len(grams)), side="right") - 1
-    entries = [grams[np.arange(len(grams)) + n <= ends[text]]]  # windows inside their text
+    first = np.arange(len(grams))
+    entries = [grams[first + n <= ends[np.searchsorted(starts, first, side="right") - 1]]]  # inside their text
     short = np.flatnonzero((counts >= min_n) & (counts < n))
     for length in np.unique(counts[short]).tolist():
         whole = short[counts[short] == length]
@@ -257,11 +257,7 @@ class NgramIndex:
                 c = cand[cand + length <= len(w)]
                 if not len(c):
                     continue
-                with np.errstate(over="ignore"):
-                    acc = np.zeros(len(c), dtype=np.uint64)
-                    for j in range(length):
-                        acc = acc * B + w[c + j]
-                    e = self._lookup(_fmix(acc * B + np.uint64(length)))
+                e = self._lookup(_windows_at(w, c, length))
                 ok = e >= 0
                 firsts.append(c[ok]), lens.append(np.full(int(ok.sum()), length)), entries.append(e[ok])
         return np.concatenate(firsts), np.concatenate(lens), np.concatenate(entries)
