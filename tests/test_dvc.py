@@ -44,10 +44,11 @@ def test_repro_then_noop_then_only_changed_stages(tmp_path):
     set_param(repo, "decontaminate", "max_pieces", 50)
     assert ran(dvc(repo, "repro")) == ["decontaminate"]
 
-    # drops documents: its output changes, and everything after it reruns, nothing before it (a change
-    # at the root, e.g. download.n_files, or later, e.g. tokenize.seq_length, is the same propagation)
-    set_param(repo, "extract", "min_text_chars", 2000)
-    assert ran(dvc(repo, "repro")) == ["extract", "filter", "dedup", "decontaminate", "tokenize", "train", "evaluate"]
+    # joins more near-duplicates (1 -> 5 removed on this sample): its output changes, and everything after
+    # it reruns, nothing before it (a change at the root, e.g. download.n_files, or later, e.g.
+    # tokenize.seq_length, is the same propagation)
+    set_param(repo, "dedup", "threshold", 0.5)
+    assert ran(dvc(repo, "repro")) == ["dedup", "decontaminate", "tokenize", "train", "evaluate"]
     metrics = dvc(repo, "metrics", "show")
-    assert "data/extract/stats.json" in metrics and "docs_out" in metrics
+    assert "data/extract/stats.json" in metrics and "data/dedup/stats.json" in metrics and "docs_out" in metrics
     assert "accuracy.boolq.zero-shot" in metrics  # the evaluation's Figure-3 numbers
