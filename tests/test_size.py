@@ -52,3 +52,16 @@ def test_a_profile_whose_layout_cannot_work_is_named():
 
 def test_an_unknown_profile_is_a_usage_error(capsys):
     assert main(["gpt-9000", str(REPO / "params.yaml")]) == 2 and "usage" in capsys.readouterr().err
+
+
+def test_fp32_weights_and_activations_take_twice_the_bytes_of_bf16():
+    m = model_of(PROFILES["gpt-350m"])
+    for recompute in (False, True):
+        par = ParallelParams(micro_batch=8, global_batch=256, recompute=recompute)
+        half, full = size(m, par, "bf16"), size(m, par, "fp32")
+        n = half["parameters_per_gpu"]
+        assert half["weights_and_grads_gib"] * 2**30 == pytest.approx(6 * n, rel=1e-6)  # 2 B weight + 4 B fp32 grad
+        assert full["weights_and_grads_gib"] * 2**30 == pytest.approx(8 * n, rel=1e-6)  # 4 B + 4 B
+        assert full["optimizer_gib"] == half["optimizer_gib"]  # fp32 master + moments either way
+        assert full["activations_gib"] == pytest.approx(2 * half["activations_gib"])
+        assert size(m, par, "fp16")["total_gib"] == half["total_gib"]

@@ -2,12 +2,14 @@
 
     python -m trainer.size mt-nlg-530b      # a profile of params.yaml `train.profiles`; none: every one
 
-Per GPU (bf16 training with DeepSpeed's fp32 gradient accumulation and ZeRO-1):
-  weights bf16 2 B + gradients fp32 4 B per local parameter, fp32 master + Adam moments 12 B per
-  local parameter / dp; activations for every micro-batch in flight (at most pp on the first stage
-  under 1F1B): a layer's working set is s b h (10 + 24 / tp) bytes (Korthikanti et al. 2022, without
-  the 5 a s / h attention-score term: scaled_dot_product_attention never materialises the scores);
-  with recomputation only each layer's input (2 s b h bytes) is kept, plus one layer's working set.
+Per GPU, with ZeRO-1, at the profile's `optim.dtype`:
+  bf16/fp16: weights 2 B + gradients 4 B per local parameter (DeepSpeed accumulates them in fp32);
+  fp32: weights 4 B + gradients 4 B; either way an fp32 master copy + Adam moments, 12 B per local
+  parameter / dp (ZeRO-1 keeps an fp32 partition even of fp32 weights). Activations for every
+  micro-batch in flight (at most pp on the first stage under 1F1B): a layer's working set is
+  s b h (10 + 24 / tp) bytes in 16-bit (Korthikanti et al. 2022, without the 5 a s / h attention-score
+  term: scaled_dot_product_attention never materialises the scores), twice that in fp32; with
+  recomputation only each layer's input (s b h values) is kept, plus one layer's working set.
 """
 from __future__ import annotations
 
@@ -34,8 +36,9 @@ def parameters(m: ModelParams) -> int:
     return m.vocab_size * h + m.seq_len * h + 2 * h + m.n_layer * (12 * h * h + 13 * h)
 
 
-def size(m: ModelParams, par: ParallelParams) -> dict:
+def size(m: ModelParams, par: ParallelParams, dtype: str = "bf16") -> dict:
     h, s, b = m.d_model, m.seq_len, par.micro_batch
+    value = 4 if dtype == "fp32" else 2  # bytes of a weight or an activation
     layers_per_stage = math.ceil(m.n_layer / par.pp)
     # the busiest stage: its blocks plus the word and position embeddings (first stage). Split by tp:
     # the blocks' matrices and column biases, the vocabulary; whole on every tp rank: LayerNorms, the
@@ -46,14 +49,14 @@ def size(m: ModelParams, par: ParallelParams) -> dict:
     in_flight = min(par.pp, par.micro_batches)
     # a layer's working set: s b h (10 + 24 / tp) bytes (attention scores never materialised: SDPA);
     # recomputation keeps each layer's input only and one layer's working set at a time
-    layer = s * b * h * (10 + 24 / par.tp)
+    layer = s * b * h * (10 + 24 / par.tp) * value / 2
     if par.recompute:
-        activations = 2 * s * b * h * layers_per_stage * in_flight + layer
+        activations = value * s * b * h * layers_per_stage * in_flight + layer
     else:
         activations = layer * layers_per_stage * in_flight
-    states = local * (2 + 4) + local * 12 / par.dp
+    states = local * (value + 4) + local * 12 / par.dp
     return {"parameters": parameters(m), "parameters_per_gpu": int(local), "gpus": par.world_size,
-            "weights_and_grads_gib": local * 6 / GIB, "optimizer_gib": local * 12 / par.dp / GIB,
+            "weights_and_grads_gib": local * (value + 4) / GIB, "optimizer_gib": local * 12 / par.dp / GIB,
             "activations_gib": activations / GIB, "total_gib": (states + activations) / GIB}
 
 
@@ -65,7 +68,7 @@ def report(name: str, recipe: Recipe, vocab: int = GPT2_VOCAB, seq_len: int | No
     """A profile validated (its layout checked as `plan` does before a launch) and sized."""
     m = model_of(recipe, vocab, seq_len)
     plan(m, recipe.parallel, recipe.parallel.world_size)
-    r = size(m, recipe.parallel)
+    r = size(m, recipe.parallel, recipe.optim.dtype)
     return {"profile": name, "parameters": r["parameters"], "gpus": r["gpus"],
             "layout": {"tp": recipe.parallel.tp, "pp": recipe.parallel.pp, "dp": recipe.parallel.dp},
             "parameters_per_gpu": r["parameters_per_gpu"], "gib_per_gpu": round(r["total_gib"], 2),
@@ -93,7 +96,7 @@ def main(argv: list[str]) -> int:
         except Exception as e:  # noqa: BLE001 - the layout's one line
             print(f"{name}: {describe(e)[1]}", file=sys.stderr)
             return 2
-        r = size(m, par)
+        r = size(m, par, recipe.optim.dtype)
         print(f"{name}: {count(r['parameters'])} parameters; {m.n_layer} layers x {m.d_model} hidden x "
               f"{m.n_head} heads, sequence {m.seq_len}, vocabulary {m.vocab_size}")
         print(f"  layout tp {par.tp} x pp {par.pp} x dp {par.dp} = {r['gpus']} GPUs, micro-batch {par.micro_batch}, "
@@ -101,7 +104,7 @@ def main(argv: list[str]) -> int:
         print(f"  per GPU (busiest stage): {count(r['parameters_per_gpu'])} parameters; weights + grads "
               f"{r['weights_and_grads_gib']:.1f} GiB, optimizer {r['optimizer_gib']:.1f} GiB, activations "
               f"{r['activations_gib']:.1f} GiB (recomputation {'on' if par.recompute else 'off'}): "
-              f"{r['total_gib']:.1f} GiB of an 80 GiB GPU")
+              f"{r['total_gib']:.1f} GiB of an 80 GiB GPU ({recipe.optim.dtype})")
     return 0
 
 
