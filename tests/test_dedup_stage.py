@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tasks.core.config import parse_params
+from tasks.core.passes import load_stored
 from tasks.core.runner import adopt_outputs, run_stage
 from tasks.core.schema import write_docs
 from tasks.validation import ExpectationFailed, validate_stage
@@ -44,6 +45,8 @@ def run(tmp_path: Path, shards: list[list[dict]], **dedup) -> tuple[dict, dict, 
     adopt_outputs(p, "extract")
     stats = run_stage("dedup", p)
     assert validate_stage("dedup", p).success
+    for f in (data / "dedup/signatures/shards").glob("*.npz"):  # a band's columns are contiguous on disk
+        assert load_stored(f, "sig").flags.f_contiguous
     kept = {r["id"]: r for f in sorted((data / "dedup/shards").glob("*.parquet")) for r in pq.read_table(f).to_pylist()}
     aside = {r["id"]: r for f in sorted((data / "dedup/aside/shards").glob("*.parquet"))
              for r in pq.read_table(f).to_pylist()}

@@ -12,12 +12,31 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tasks.core.config import parse_params
-from tasks.core.passes import run_global, tree_files
+import numpy as np
+
+from tasks.core.passes import load_stored, run_global, savez, tree_files
 from tasks.core.runner import run_stage
 from tests.conftest import REPO, small_raw
+
+
+def test_load_stored_maps_each_array_savez_wrote(tmp_path):
+    c = np.arange(60, dtype=np.uint32).reshape(10, 6)
+    arrays = {"c": c, "f": np.asfortranarray(c), "empty": np.zeros((0, 6), np.uint32), "scalar": np.array('["a"]'),
+              "ids": np.array([b"x/1", b"yy/22"]), "big": np.arange(200_000, dtype=np.int64)}
+    with open(tmp_path / "a.npz", "wb") as fh:
+        savez(fh, **arrays)
+    with np.load(tmp_path / "a.npz") as z:
+        for name, a in arrays.items():
+            m = load_stored(tmp_path / "a.npz", name)
+            assert m.dtype == a.dtype and m.shape == a.shape and np.array_equal(m, a) and np.array_equal(z[name], a)
+    band = load_stored(tmp_path / "a.npz", "f")[:, 2:4]  # permutation-major: a band is one contiguous run
+    assert band.flags.f_contiguous and np.array_equal(band, c[:, 2:4])
+    with pytest.raises(KeyError):
+        load_stored(tmp_path / "a.npz", "missing")
 
 
 def _build(tmp: Path, die_after: int | None = None) -> dict:

@@ -156,6 +156,27 @@ def savez(fh, **arrays: np.ndarray) -> None:
                 np.lib.format.write_array(f, np.asanyarray(a), allow_pickle=False)
 
 
+def load_stored(path: Path, name: str) -> np.ndarray:
+    """One array of a `savez` file, memory-mapped read-only: its members are stored uncompressed, so the
+    array's bytes lie in the file as they are. A slice reads only the pages it touches (np.load reads
+    the whole member)."""
+    with zipfile.ZipFile(path) as z:
+        at = z.getinfo(f"{name}.npy").header_offset
+    with open(path, "rb") as fh:
+        fh.seek(at)
+        local = fh.read(30)  # the local file header: its name and extra field lengths sit at 26 and 28
+        if local[:4] != b"PK\x03\x04":
+            raise ValueError(f"{path}: member {name}.npy has no local header where the directory says")
+        fh.seek(at + 30 + int.from_bytes(local[26:28], "little") + int.from_bytes(local[28:30], "little"))
+        version = np.lib.format.read_magic(fh)
+        header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+        shape, fortran, dtype = header[version](fh)  # savez writes 1.0, or 2.0 for headers over 64 KiB
+        offset = fh.tell()
+    if 0 in shape:  # np.memmap cannot map zero bytes
+        return np.zeros(shape, dtype=dtype, order="F" if fortran else "C")
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape, order="F" if fortran else "C")
+
+
 def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:

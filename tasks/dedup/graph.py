@@ -16,7 +16,7 @@ import numba
 import numpy as np
 
 from tasks.core.config import PipelineParams
-from tasks.core.passes import Shard, ShardStats, savez
+from tasks.core.passes import Shard, ShardStats, load_stored, savez
 from tasks.core.stage import Context
 from tasks.dedup.components import components, representatives
 from tasks.dedup.exact import EXACT, FUZZY, docs_of, layout_of
@@ -44,10 +44,11 @@ def bucket_shard(shard: Shard, tmp: Path, p: PipelineParams, ctx: Context) -> Sh
     keys = np.empty((len(alive), len(group)), dtype=np.uint64)
     at = 0
     for f in signature_files(ctx):
-        (sig,) = read(f, "sig")
+        sig = load_stored(f, "sig")  # mapped: only this group's bands are read (they are contiguous)
         for j, b in enumerate(group):
-            keys[at:at + len(sig), j] = band_keys(sig[:, b * rows:(b + 1) * rows], 1, rows, first_band=b)[:, 0]
+            keys[at:at + len(sig), j] = band_keys(np.asarray(sig[:, b * rows:(b + 1) * rows]), 1, rows, first_band=b)[:, 0]
         at += len(sig)
+        del sig
     members, starts, total = [], [0], 0
     index = np.flatnonzero(alive)
     for j in range(len(group)):

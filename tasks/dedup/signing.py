@@ -1,6 +1,7 @@
 """Pass 1 of dedup (sharded, one per input shard): per document its id, dataset, exact key (a 64-bit
 hash of the normalised word sequence), MinHash signature and, for verification, its shingles (hashes in
-document order; the components pass makes sets of the candidates' only).
+document order; the components pass makes sets of the candidates' only). Signatures are stored
+permutation-major, so a band's values are one contiguous run of the file.
 Later passes address documents by a global index: the input shards in name order, rows in order."""
 from __future__ import annotations
 
@@ -84,7 +85,9 @@ def sign_shard(shard: Shard, tmp: Path, p: PipelineParams, ctx: Context) -> Shar
         savez(fh, ids=np.array([x.encode("utf-8") for x in ids], dtype=bytes) if ids else np.zeros(0, "S1"),
                  datasets=np.array(json.dumps(list(names))), codes=np.asarray(codes, dtype=np.int32),
                  exact=np.concatenate(keys) if keys else np.zeros(0, np.uint64), has_words=has_words,
-                 sig=np.concatenate(sigs) if sigs else np.zeros((0, d.num_perm), np.uint32),
+                 # permutation-major on disk (the same [docs, num_perm] array to np.load): a band's
+                 # columns are contiguous, so each bucket shard maps its bands' bytes only
+                 sig=np.asfortranarray(np.concatenate(sigs) if sigs else np.zeros((0, d.num_perm), np.uint32)),
                  shingles=np.concatenate(sets) if sets else np.zeros(0, np.uint32),
                  shingle_offsets=np.concatenate([[0], np.cumsum(lens)]).astype(np.int64))
     st.docs_out = n

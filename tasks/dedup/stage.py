@@ -20,7 +20,7 @@ from tasks.dedup.removal import aside_shard, plan_aside, plan_remove, remove_sha
 from tasks.dedup.signing import plan_signatures, sign_shard
 
 NAME = "dedup"
-SIGNATURE_VERSION = 1  # part of the signature pass's fingerprint: change it when a hash changes
+SIGNATURE_VERSION = 2  # part of the signature pass's fingerprint: change it when a hash or the layout changes (2: sig permutation-major)
 
 
 def signature_params(p: PipelineParams) -> dict:
