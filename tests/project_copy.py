@@ -20,6 +20,12 @@ def copy_project(dest: Path, **params_over) -> Path:
     for f in project_files():
         (dest / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / f, dest / f)
+    # numba's compiled functions (cache=True) that the suite has built so far: its cache is keyed by the
+    # source's path, so a copy would compile them again (~15-25 s per copy that runs filter and dedup);
+    # each entry stays valid only while the copied source has the same mtime and size (copy2 keeps both)
+    for f in REPO.glob("tasks/**/__pycache__/*.nb[ic]"):
+        (dest / f.relative_to(REPO)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(f, dest / f.relative_to(REPO))
     raw = yaml.safe_load((dest / "params.yaml").read_text())
     raw["paths"]["benchmarks_dir"] = str(BENCHMARKS)
     raw["sample"].update(n_warc_files=2, pages_per_warc=20, curated_docs_per_dataset=10)
