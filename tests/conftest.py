@@ -80,7 +80,10 @@ def server(tmp_path_factory):
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": api, "PREFECT_UI_URL": f"http://127.0.0.1:{port}",
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PATH": f"{BIN}:{os.environ['PATH']}"}
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PATH": f"{BIN}:{os.environ['PATH']}",
+           # the tests trigger every run themselves; the scheduler would add runs of the deployed */30
+           # evaluation schedule, which a `worker --run-once` near :00 or :30 picks up beside the test's own
+           "PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED": "false"}
     log = open(home / "server.log", "w")
     proc = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
