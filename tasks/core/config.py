@@ -55,7 +55,7 @@ class SampleParams(Strict):
 
 
 class CuratedSource(Strict):
-    path: str = Field(description="A Pile-style .jsonl or .jsonl.zst file, or a glob of them.")
+    path: str = Field(description="A Pile-style .jsonl (.gz, .zst), .json.gz/.zst or .parquet file, or a glob of them.")
     dataset: str | None = Field(
         None, description="Tag for every document; default: meta.pile_set_name of each line."
     )

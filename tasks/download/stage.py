@@ -1,7 +1,7 @@
 """Stage `download`: Common Crawl WARC files over HTTP(S) + local curated Pile-style datasets.
 
 Shards: one per WARC file (output: the verified .warc.gz) and one per curated file (output: a
-Parquet shard in the document schema, `lang` still empty). In sample mode the built-in sample
+Parquet shard in the document schema, `lang` still empty; tasks.download.curated). In sample mode the built-in sample
 (data/sample/corpus) is served on 127.0.0.1 and downloaded through the same HTTP code as real data.
 """
 from __future__ import annotations
@@ -9,20 +9,17 @@ from __future__ import annotations
 import contextlib
 import glob
 import gzip
-import io
-import json
 import random
 from pathlib import Path
 from typing import Iterator
 
-import zstandard
 
 from tasks.core.config import PipelineParams
-from tasks.core.errors import ConfigError, InputFileError
+from tasks.core.errors import InputFileError
 from tasks.extract.warc_reader import not_warc
 from tasks.core.passes import Shard, ShardFailed, ShardStats
-from tasks.core.schema import DocWriter
 from tasks.core.stage import Context, ShardedPass, Stage
+from tasks.download.curated import curated_shards, fixed_root, ingest_curated
 from tasks.download.http_fetch import DownloadError, RetryPolicy, UnsafePathError, fetch, fetch_bytes, safe_filename, safe_url
 from tasks.sample.generate import curated_files
 from tasks.sample.server import StaticServer
@@ -78,23 +75,17 @@ def plan(p: PipelineParams, ctx: Context) -> list[Shard]:
         local = rt.get("served_root")
         inputs = (rel, str(Path(local) / rel)) if local else (rel,)
         shards.append(Shard(name=f"warc-{name}", inputs=inputs, output=name))
-    sources = [(str(f), None) for f in curated_files(SAMPLE.outputs(p.paths.data_dir))] \
+    sources = [(str(f), None, str(f.parent)) for f in curated_files(SAMPLE.outputs(p.paths.data_dir))] \
         if p.download.source == "sample" else []
     for c in p.download.curated:
         matches = sorted(glob.glob(c.path)) or [c.path]
-        sources += [(m, c.dataset) for m in matches]
-    for path, dataset in sources:
-        if not Path(path).is_file():
-            raise ConfigError(f"download.curated: {path} does not exist")
-        stem = safe_filename(Path(path).name.removesuffix(".zst").removesuffix(".jsonl"))
-        shards.append(Shard(name=f"curated-{stem}", inputs=(path,), output=f"curated-{stem}.parquet",
-                            tag=dataset or ""))
-    return shards
+        sources += [(m, c.dataset, fixed_root(c.path)) for m in matches]
+    return shards + curated_shards(sources)
 
 
 def process(shard: Shard, tmp: Path, p: PipelineParams, ctx: Context) -> ShardStats:
     if shard.name.startswith("curated-"):
-        return ingest_curated(Path(shard.inputs[0]), tmp, shard.tag or None)
+        return ingest_curated(Path(shard.inputs[0]), tmp, shard.tag)
     try:
         rep = fetch(safe_url(ctx.env["base_url"], shard.inputs[0]), tmp, policy(p))
     except DownloadError as e:  # gone or still broken after retries: skip it, list it, go on
@@ -102,39 +93,6 @@ def process(shard: Shard, tmp: Path, p: PipelineParams, ctx: Context) -> ShardSt
     st = ShardStats(docs_in=1, docs_out=1, bytes_in=rep.bytes, bytes_out=rep.bytes)
     st.extra = {"http_attempts": rep.attempts, "range_resumes": rep.range_resumes,
                 "truncated_gzip_restarts": rep.restarts_truncated_gzip}
-    return st
-
-
-def _open_text(path: Path) -> io.TextIOBase:
-    raw = open(path, "rb")
-    if path.name.endswith(".zst"):
-        raw = zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
-    return io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="\n")
-
-
-def ingest_curated(path: Path, out: Path, dataset: str | None) -> ShardStats:
-    """Pile-style lines {"text", "meta": {"pile_set_name"}} -> document shard, streamed."""
-    st = ShardStats()
-    with _open_text(path) as fh, DocWriter(out) as w:
-        for i, line in enumerate(fh):
-            if not line.strip():
-                continue
-            st.docs_in += 1
-            st.bytes_in += len(line)
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                st.drop("malformed_json")
-                continue
-            text = row.get("text") if isinstance(row, dict) else None
-            if not isinstance(text, str) or not text.strip():
-                st.drop("missing_text")
-                continue
-            meta = row.get("meta") if isinstance(row.get("meta"), dict) else {}
-            name = dataset or meta.get("pile_set_name") or path.name.split(".")[0]
-            w.write({"id": f"{name}/{path.name}/{i}", "text": text, "dataset": str(name), "url": "",
-                     "crawl": "", "lang": "", "lang_score": 0.0})
-    st.docs_out, st.bytes_out = w.docs, w.text_bytes
     return st
 
 

@@ -1,0 +1,174 @@
+"""Curated datasets (The Pile's layout: one JSON object per line, `{"text": ..., "meta": {"pile_set_name":
+...}}`; or Parquet with a `text` column) ingested into document shards, streamed.
+
+Formats: .jsonl, .jsonl.gz, .jsonl.zst, .json.gz and .json.zst (JSON lines, as Dolma names them),
+.parquet. Anything else is refused when the stage plans, not read as garbage. A compressed file that
+ends inside its stream, or is no such stream, fails the stage naming the file: a partial dataset is
+never ingested as if whole. A bad line is counted and skipped (malformed JSON, no text); a line that
+is not UTF-8 is decoded with U+FFFD and counted, as are lone surrogates in the JSON (UTF-8 cannot hold them).
+
+Each file is one shard, named by its path under the pattern's fixed directory (`/data/*/train.jsonl`
+gives `a_train`, `b_train`), so files of the same name in different folders never overwrite each other.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import zlib
+from pathlib import Path
+from typing import Iterator
+
+import pyarrow.parquet as pq
+import zstandard
+
+from tasks.core.errors import ConfigError, InputFileError
+from tasks.core.passes import Shard, ShardStats
+from tasks.core.schema import DocWriter
+
+JSON_LINES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json.gz", ".json.zst")
+FORMATS = JSON_LINES + (".parquet",)
+_MAGIC = re.compile(r"[*?[]")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+_CHUNK = 1 << 20
+
+
+def format_of(path: str) -> str | None:
+    name = path.lower()
+    return next((f for f in sorted(FORMATS, key=len, reverse=True) if name.endswith(f)), None)
+
+
+def fixed_root(pattern: str) -> str:
+    """The directory of a path or glob above its first wildcard: shard names are paths below it."""
+    parts = Path(pattern).parts
+    fixed = []
+    for part in parts[:-1]:
+        if _MAGIC.search(part):
+            break
+        fixed.append(part)
+    return str(Path(*fixed)) if fixed else "."
+
+
+def curated_shards(sources: list[tuple[str, str | None, str]]) -> list[Shard]:
+    """One shard per (file, dataset override, fixed root); refuses missing files, unknown formats and
+    two files that would share a shard name."""
+    shards, named = [], {}
+    for path, dataset, root in sources:
+        if not Path(path).is_file():
+            what = "is a directory, not a file" if Path(path).is_dir() else "does not exist"
+            raise ConfigError(f"download.curated: {path} {what}")
+        fmt = format_of(path)
+        if fmt is None:
+            raise ConfigError(f"download.curated: {path}: unsupported format (expected {', '.join(FORMATS)})")
+        source = os.path.relpath(path, root)
+        stem = re.sub(r"[^A-Za-z0-9._-]", "_", source[:len(source) - len(fmt)].replace(os.sep, "_")).lstrip(".")[:200]
+        if stem in named:
+            raise ConfigError(f"download.curated: {named[stem]} and {path} would both be shard curated-{stem}")
+        named[stem] = path
+        tag = json.dumps({"dataset": dataset, "source": source}, sort_keys=True)
+        shards.append(Shard(name=f"curated-{stem}", inputs=(path,), output=f"curated-{stem}.parquet", tag=tag))
+    return shards
+
+
+def _decompressed(path: Path, fh, fmt: str) -> Iterator[bytes]:
+    """The file's bytes, decompressed; every member/frame must end where its stream says."""
+    if not fmt.endswith((".gz", ".zst")):
+        yield from iter(lambda: fh.read(_CHUNK), b"")
+        return
+    gz = fmt.endswith(".gz")
+    kind = "gzip" if gz else "zstd"
+    new = (lambda: zlib.decompressobj(31)) if gz else (lambda: zstandard.ZstdDecompressor().decompressobj())
+    d, inside, read = new(), False, 0
+    while block := fh.read(_CHUNK):
+        read += len(block)
+        while block:
+            try:
+                out = d.decompress(block)
+            except (zlib.error, zstandard.ZstdError) as e:
+                raise InputFileError(f"{path}: not a valid {kind} stream at byte ~{read}: {e}") from None
+            inside = True
+            if out:
+                yield out
+            if not d.eof:
+                break
+            block, d, inside = d.unused_data, new(), False  # the next member / frame, if any
+    if inside:
+        raise InputFileError(f"{path}: truncated {kind} stream: the file ends inside a {'member' if gz else 'frame'} "
+                             f"after {read} bytes")
+
+
+def _lines(path: Path, fmt: str) -> Iterator[bytes]:
+    with open(path, "rb") as fh:
+        rest = b""
+        for chunk in _decompressed(path, fh, fmt):
+            lines = (rest + chunk).split(b"\n")
+            rest = lines.pop()
+            yield from lines
+        if rest:
+            yield rest
+
+
+def _rows(path: Path, fmt: str, st: ShardStats) -> Iterator[tuple[int, object]]:
+    """(index, parsed row) of every non-blank line or Parquet row; bad lines counted and skipped."""
+    if fmt == ".parquet":
+        try:
+            pf = pq.ParquetFile(path)
+        except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a broken file
+            raise InputFileError(f"{path}: not a readable Parquet file: {e}") from None
+        names = pf.schema_arrow.names
+        if "text" not in names:
+            raise InputFileError(f"{path}: no 'text' column (columns: {', '.join(names)})")
+        i = 0
+        for batch in pf.iter_batches(columns=[c for c in ("text", "meta") if c in names], batch_size=4096):
+            for row in batch.to_pylist():
+                st.bytes_in += len(row["text"].encode("utf-8", "surrogatepass")) if isinstance(row["text"], str) else 0
+                yield i, row
+                i += 1
+        return
+    for i, raw in enumerate(_lines(path, fmt)):
+        if not raw.strip():
+            continue
+        st.docs_in += 1
+        st.bytes_in += len(raw)
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            line = raw.decode("utf-8", "replace")
+            st.extra["lines_not_utf8"] = st.extra.get("lines_not_utf8", 0) + 1
+        try:
+            yield i, json.loads(line)
+        except (ValueError, RecursionError):  # bad JSON, a number past int's digit limit, deep nesting
+            st.drop("malformed_json")
+
+
+def ingest_curated(path: Path, out: Path, tag: str) -> ShardStats:
+    """One curated file -> a document shard. Ids are `<dataset>/<path under the fixed root>/<line>`."""
+    meta_tag = json.loads(tag)
+    dataset, source = meta_tag["dataset"], meta_tag["source"]
+    fmt = format_of(str(path))
+    st = ShardStats()
+    with DocWriter(out) as w:
+        for i, row in _rows(path, fmt, st):
+            if fmt == ".parquet":
+                st.docs_in += 1
+            text = row.get("text") if isinstance(row, dict) else None
+            if not isinstance(text, str) or not text.strip():
+                st.drop("missing_text")
+                continue
+            if _SURROGATE.search(text):
+                text = _SURROGATE.sub("\ufffd", text)
+                st.extra["surrogates_replaced"] = st.extra.get("surrogates_replaced", 0) + 1
+            meta = row.get("meta")
+            if isinstance(meta, str):  # Parquet exports often keep meta as a JSON string
+                try:
+                    meta = json.loads(meta)
+                except ValueError:
+                    meta = None
+            meta = meta if isinstance(meta, dict) else {}
+            name = _SURROGATE.sub("\ufffd", str(dataset or meta.get("pile_set_name") or path.name.split(".")[0]))
+            w.write({"id": f"{name}/{source}/{i}", "text": text, "dataset": name, "url": "",
+                     "crawl": "", "lang": "", "lang_score": 0.0})
+    if st.docs_in == 0:
+        st.extra["empty_files"] = 1
+    st.docs_out, st.bytes_out = w.docs, w.text_bytes
+    return st

@@ -1,0 +1,112 @@
+"""Curated datasets as real dumps come: The Pile's .jsonl.zst, Dolma's .json.gz, Hugging Face Parquet,
+files of one name in many folders, and the broken ones (truncated, mislabelled, bad lines)."""
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+
+from tasks.core.config import parse_params
+from tasks.core.errors import ConfigError, InputFileError
+from tasks.core.runner import run_stage
+from tasks.download.curated import curated_shards, fixed_root, ingest_curated
+from tests.conftest import small_raw
+
+ROWS = [{"text": f"document {i} with some words é", "meta": {"pile_set_name": "Pile-CC" if i % 2 else "Books3"}}
+        for i in range(5)]
+JSONL = "".join(json.dumps(r) + "\n" for r in ROWS).encode()
+
+
+def ingest(path: Path, tmp: Path, dataset: str | None = None):
+    (shard,) = curated_shards([(str(path), dataset, fixed_root(str(path)))])
+    st = ingest_curated(path, tmp / f"{shard.name}.parquet", shard.tag)
+    return st, pq.read_table(tmp / f"{shard.name}.parquet").to_pylist()
+
+
+def test_every_format_gives_the_same_documents(tmp_path):
+    (tmp_path / "a.jsonl").write_bytes(JSONL)
+    (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress(JSONL[:100]) + gzip.compress(JSONL[100:]))  # two members
+    c = zstandard.ZstdCompressor()
+    (tmp_path / "a.jsonl.zst").write_bytes(c.compress(JSONL[:70]) + c.compress(JSONL[70:]))  # two frames
+    (tmp_path / "a.json.gz").write_bytes(gzip.compress(JSONL))  # Dolma's name for JSON lines
+    pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / "a.parquet")  # meta as a struct
+    pq.write_table(pa.Table.from_pylist([{"text": r["text"], "meta": json.dumps(r["meta"])} for r in ROWS]),
+                   tmp_path / "b.parquet")  # meta as a JSON string
+    want = [(r["text"], r["meta"]["pile_set_name"]) for r in ROWS]
+    for name in ("a.jsonl", "a.jsonl.gz", "a.jsonl.zst", "a.json.gz", "a.parquet", "b.parquet"):
+        st, docs = ingest(tmp_path / name, tmp_path)
+        assert [(d["text"], d["dataset"]) for d in docs] == want, name
+        assert st.docs_in == 5 and st.docs_out == 5 and not st.dropped, name
+        assert docs[1]["id"] == f"Pile-CC/{name}/1"
+
+
+def test_files_of_one_name_in_several_folders_are_all_kept(tmp_path):
+    for folder, n in (("a", 2), ("b", 3)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "train.jsonl").write_text("".join(json.dumps({"text": f"{folder} {i}"}) + "\n" for i in range(n)))
+    raw = small_raw(tmp_path / "data", download={"curated": [{"path": str(tmp_path / "*" / "train.jsonl"), "dataset": "X"}]})
+    p = parse_params(raw)
+    run_stage("sample", p)
+    run_stage("download", p)
+    shards = tmp_path / "data/download/shards"
+    a, b = (pq.read_table(shards / f"curated-{f}_train.parquet").to_pylist() for f in "ab")
+    assert [d["text"] for d in a + b] == ["a 0", "a 1", "b 0", "b 1", "b 2"]
+    assert [d["id"] for d in a + b] == ["X/a/train.jsonl/0", "X/a/train.jsonl/1", "X/b/train.jsonl/0",
+                                        "X/b/train.jsonl/1", "X/b/train.jsonl/2"]
+    assert (shards / "curated-wikipedia_en.parquet").is_file()  # the sample's own keep their names
+
+
+def test_unreadable_sources_are_refused_naming_the_file(tmp_path):
+    (tmp_path / "d.jsonl").mkdir()
+    (tmp_path / "x.txt").write_text("{}\n")
+    for path, message in ((tmp_path / "d.jsonl", "is a directory"), (tmp_path / "x.txt", "unsupported format"),
+                          (tmp_path / "nope.jsonl", "does not exist")):
+        with pytest.raises(ConfigError, match=f"download.curated: {path}.*{message}"):
+            curated_shards([(str(path), None, str(tmp_path))])
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b_c.jsonl").write_text("")
+    (tmp_path / "a" / "b" / "c.jsonl").write_text("")
+    with pytest.raises(ConfigError, match="would both be shard curated-b_c"):
+        curated_shards([(str(tmp_path / "a/b_c.jsonl"), None, str(tmp_path / "a")),
+                        (str(tmp_path / "a/b/c.jsonl"), None, str(tmp_path / "a"))])
+
+
+def test_a_truncated_or_mislabelled_compressed_file_fails_naming_it(tmp_path):
+    big = "".join(json.dumps({"text": f"row {i} " * 20}) + "\n" for i in range(3000)).encode()
+    cases = {"cut.jsonl.zst": zstandard.ZstdCompressor().compress(big), "cut.jsonl.gz": gzip.compress(big)}
+    for name, blob in cases.items():
+        (tmp_path / name).write_bytes(blob[:int(len(blob) * 0.6)])
+        with pytest.raises(InputFileError, match=f"{name}: truncated (zstd|gzip) stream"):
+            ingest(tmp_path / name, tmp_path)
+    (tmp_path / "plain.jsonl.zst").write_bytes(JSONL)
+    with pytest.raises(InputFileError, match="plain.jsonl.zst: not a valid zstd stream"):
+        ingest(tmp_path / "plain.jsonl.zst", tmp_path)
+    (tmp_path / "junk.parquet").write_bytes(b"not parquet at all")
+    with pytest.raises(InputFileError, match="junk.parquet: not a readable Parquet file"):
+        ingest(tmp_path / "junk.parquet", tmp_path)
+
+
+def test_bad_lines_are_counted_and_skipped(tmp_path):
+    lines = [json.dumps({"text": "good one"}).encode(),
+             b"{not json",
+             b'{"text": "x", "n": ' + b"9" * 5000 + b"}",  # past Python's int digit limit
+             b"[" * 200_000,  # nesting deeper than the recursion limit
+             b'{"text": "lone \\ud800 surrogate"}',
+             "{\"text\": \"caf\xe9 in latin-1\"}".encode("latin-1"),
+             b'{"meta": {}}',
+             b"",
+             json.dumps({"text": "good two"}).encode()]
+    (tmp_path / "bad.jsonl").write_bytes(b"\n".join(lines))
+    st, docs = ingest(tmp_path / "bad.jsonl", tmp_path, "D")
+    assert [d["text"] for d in docs] == ["good one", "lone \ufffd surrogate", "caf\ufffd in latin-1", "good two"]
+    assert [d["id"] for d in docs] == ["D/bad.jsonl/0", "D/bad.jsonl/4", "D/bad.jsonl/5", "D/bad.jsonl/8"]
+    assert dict(st.dropped) == {"malformed_json": 3, "missing_text": 1}
+    assert st.docs_in == 8 and st.extra == {"surrogates_replaced": 1, "lines_not_utf8": 1}
+    (tmp_path / "empty.jsonl.zst").write_bytes(b"")
+    st, docs = ingest(tmp_path / "empty.jsonl.zst", tmp_path)
+    assert docs == [] and st.extra == {"empty_files": 1}
