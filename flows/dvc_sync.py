@@ -19,12 +19,14 @@ def dvc_repo_root(start: Path = Path(".")) -> Path | None:
     return start.resolve() if (start / ".dvc").is_dir() and (start / "dvc.yaml").is_file() else None
 
 
-def record_in_dvc(stages: list[str], p: PipelineParams, params_file: str = "params.yaml") -> str:
+def record_in_dvc(stages: list[str], p: PipelineParams) -> str:
+    """`dvc commit` the stages when `p` is exactly what dvc.yaml's stages read: the repo's params.yaml
+    (not the file the run was given, which may be another: an experiment)."""
     root = dvc_repo_root()
     if root is None:
         return "not a DVC repo here: nothing recorded"
     try:
-        if load_params(params_file) != p:
+        if load_params(root / "params.yaml") != p:
             return "parameters differ from params.yaml: run not recorded in dvc.lock"
     except ConfigError as e:
         return f"params.yaml unreadable ({e}): run not recorded"

@@ -43,7 +43,7 @@ def pretraining_pipeline(params: PipelineParams = DEFAULT_PARAMS, params_file: s
         chosen = [s for s in PIPELINE if not stages or s in stages]
         for i, s in enumerate(chosen):
             if registry.stage(s).cites_lineage and i:  # its provenance reads dvc.lock: record what is done
-                get_run_logger().info(record_in_dvc(chosen[:i], p, params_file or "params.yaml"))
+                get_run_logger().info(record_in_dvc(chosen[:i], p))
             state = STAGE_FLOWS[s](params=p, return_state=True)
             if not state.is_completed():  # the stage's one line becomes the pipeline's state message
                 rows.append({"stage": s, "stats": _stats_or_none(p, s), "error": state.message})
@@ -52,7 +52,7 @@ def pretraining_pipeline(params: PipelineParams = DEFAULT_PARAMS, params_file: s
                 return Failed(message=state.message)
             stats = state.result()
             rows.append({"stage": s, "stats": stats, "artifact": stats.get("artifact")})
-        get_run_logger().info(record_in_dvc(chosen, p, params_file or "params.yaml"))
+        get_run_logger().info(record_in_dvc(chosen, p))
         publish_summary(rows, p, "completed")
         return {r["stage"]: r["stats"] for r in rows}
     except Exception as e:

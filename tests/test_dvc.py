@@ -52,3 +52,4 @@ def test_repro_then_noop_then_only_changed_stages(tmp_path):
     metrics = dvc(repo, "metrics", "show")
     assert "data/extract/stats.json" in metrics and "data/dedup/stats.json" in metrics and "docs_out" in metrics
     assert "accuracy.boolq.zero-shot" in metrics  # the evaluation's Figure-3 numbers
+

@@ -63,6 +63,13 @@ def test_pipeline_against_server_publishes_artifacts_and_leaves_dvc_up_to_date(s
     logs = api(server, "/logs/filter", {"logs": {"flow_run_id": {"any_": [train_run["id"]]}}})
     steps = [entry["message"] for entry in logs if entry["message"].startswith("train step ")]
     assert steps and re.match(r"train step 2: loss \d+\.\d{4}, lr .*, 2,048/2,048 tokens \(100%\)", steps[-1]), steps
+    # a run from another parameter file is an experiment: dvc.lock keeps describing params.yaml's outputs
+    raw = yaml.safe_load((repo / "params.yaml").read_text())
+    raw["sample"]["seed"] = 99
+    (repo / "experiment.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    out = run([sys.executable, "-m", "flows.pipeline", "experiment.yaml", "sample"], repo, server)
+    assert "parameters differ from params.yaml: run not recorded in dvc.lock" in out
+    assert "modified:" in dvc(repo, "status", "sample")  # the data is no longer what dvc.lock says
 
 
 def test_deployment_triggered_like_the_ui(server, tmp_path):
