@@ -72,7 +72,7 @@ def run_stage_flow(stage: str, p: PipelineParams) -> dict:
     if flow_run.id:  # the stage's outputs record the flow run that made them (evaluation provenance)
         os.environ["PREFECT__FLOW_RUN_ID"] = str(flow_run.id)
     with watching(next(st for st in STAGES if st.name == stage), p):
-        stats = run_stage(stage, p, map_shards=map_with_prefect)
+        stats = run_stage(stage, p, map_shards=map_with_prefect, validation_follows=True)
     try:
         report = validate_stage(stage, p)
     except ExpectationFailed as e:

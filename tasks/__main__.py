@@ -32,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(line, file=sys.stderr)
         return code
+    except KeyboardInterrupt:  # Ctrl-C: finished shards stay done, the rest is redone by the next run
+        print(f"interrupted: stage '{args.stage}' stopped; rerun it to resume", file=sys.stderr)
+        return 130
     print(json.dumps(summary, sort_keys=True))
     return 0
 
@@ -46,7 +49,7 @@ def run(stage: str, params_file: str) -> dict:
     if stage not in PIPELINE:
         raise ConfigError(f"unknown stage {stage!r}; stages: {', '.join(PIPELINE)}")
     params = load_params(params_file)
-    stats = run_stage(stage, params)
+    stats = run_stage(stage, params, validation_follows=True)
     report = validate_stage(stage, params)
     summary = {k: stats[k] for k in ("stage", "shards", "docs_in", "docs_out", "dropped") if k in stats}
     if report is not None:

@@ -152,6 +152,25 @@ def test_a_stage_refuses_an_input_stage_that_did_not_complete(tmp_path):
     assert not (tmp_path / "data/filter/shards").exists() or not any((tmp_path / "data/filter/shards").iterdir())
 
 
+def test_an_unvalidated_stage_is_not_an_input_and_a_refused_run_keeps_the_last_completion(small_params):
+    from tasks.core.errors import UnfinishedInput
+    from tasks.core.runner import require_complete
+    from tasks.validation import validate_stage
+
+    run_stage("sample", small_params)
+    # the CLI and the flows validate next; a kill before the result is recorded leaves it pending
+    run_stage("download", small_params, validation_follows=True)
+    with pytest.raises(UnfinishedInput, match="needs stage 'download' validated, and its validation did not finish"):
+        require_complete(small_params, "download", "extract")
+    validate_stage("download", small_params)
+    require_complete(small_params, "download", "extract")
+    stats = (Path(small_params.paths.data_dir) / "download/stats.json").read_text()
+    (Path(small_params.paths.data_dir) / "sample/stats.json").unlink()
+    with pytest.raises(UnfinishedInput, match="needs stage 'sample' completed"):
+        run_stage("download", small_params)
+    assert (Path(small_params.paths.data_dir) / "download/stats.json").read_text() == stats  # still complete, as it was
+
+
 def test_stats_name_every_pass_in_order(small_params):
     for s in ("sample", "download", "extract", "filter", "dedup", "decontaminate"):
         stats = run_stage(s, small_params)

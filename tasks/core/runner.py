@@ -45,9 +45,13 @@ def require_complete(p: PipelineParams, stage: str, needed_by: str) -> None:
     if not path.is_file():
         raise UnfinishedInput(f"stage '{needed_by}' needs stage '{stage}' completed "
                               f"({path} missing): run `python -m tasks {stage}` first")
-    if json.loads(path.read_text(encoding="utf-8")).get("validation", {}).get("success") is False:
+    validation = json.loads(path.read_text(encoding="utf-8")).get("validation", {})
+    if validation.get("success") is False:
         raise UnfinishedInput(f"stage '{needed_by}' needs stage '{stage}' to pass its validation (see {path}): "
                               f"fix it and rerun `python -m tasks {stage}`")
+    if validation.get("pending"):
+        raise UnfinishedInput(f"stage '{needed_by}' needs stage '{stage}' validated, and its validation did not "
+                              f"finish (interrupted?): rerun `python -m tasks {stage}`")
 
 
 def _run_sharded(st: Stage, ps: ShardedPass, p: PipelineParams, ctx: Context, map_shards: MapShards):
@@ -75,15 +79,19 @@ def _run_global(st: Stage, ps: GlobalPass, p: PipelineParams, ctx: Context):
     return res["report"], res["digest"], summary
 
 
-def run_stage(name: str, p: PipelineParams, map_shards: MapShards = map_sequential) -> dict:
+def run_stage(name: str, p: PipelineParams, map_shards: MapShards = map_sequential,
+              validation_follows: bool = False) -> dict:
+    """Run the stage's passes and write its stats.json. `validation_follows`: the caller validates the
+    output next (the CLI, the Prefect flows), so stats.json says the validation is pending until it is
+    recorded, and a run killed in between is not taken as a validated input."""
     st = registry.stage(name)
+    input_stage = st.input(p)
+    if input_stage is not None:  # before anything of this stage changes: a refused run leaves it as it was
+        require_complete(p, input_stage, name)
     root = Path(p.paths.data_dir) / name
     root.mkdir(parents=True, exist_ok=True)
     stats_path(p, name).unlink(missing_ok=True)  # not complete until this run writes it again
     remove_leftovers(root)
-    input_stage = st.input(p)
-    if input_stage is not None:
-        require_complete(p, input_stage, name)
     start = time.perf_counter()
     passes, reports, docs = [], {}, None
     with st.environment(p) as env:
@@ -111,6 +119,8 @@ def run_stage(name: str, p: PipelineParams, map_shards: MapShards = map_sequenti
     if st.plot_files is not None:
         for rel, text in st.plot_files(stats).items():
             atomic_write_text(root / rel, text)
+    if validation_follows and st.suite is not None:
+        stats["validation"] = {"success": None, "pending": True}
     atomic_write_text(stats_path(p, name), json.dumps(stats, indent=2, sort_keys=True) + "\n")
     return stats
 
