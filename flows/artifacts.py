@@ -19,8 +19,9 @@ def _cell(v) -> str:
     return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v).replace("|", "\\|")
 
 
-def docs_link(p: PipelineParams) -> str:
-    return f"{p.paths.docs_url.rstrip('/')}/index.html"
+def docs_link(p: PipelineParams, stage: str | None = None) -> str:
+    """The Data Docs index of every stage, or one stage's own report."""
+    return f"{p.paths.docs_url.rstrip('/')}/{stage + '/' if stage else ''}index.html"
 
 
 def artifact_url(artifact_id) -> str:
@@ -104,7 +105,7 @@ def stats_markdown(stats: dict, report: ValidationReport | None, p: PipelinePara
         status = "passed" if report.success else "FAILED"
         lines += ["", f"### Validation {status}", "",
                   f"{report.expectations} expectations over {report.batches} batch(es) in {report.seconds} s. "
-                  f"[Data Docs]({docs_link(p)}) (served by `make docs` / `make ui`)", "",
+                  f"[Data Docs]({docs_link(p, report.stage)}) (served by `make docs` / `make ui`)", "",
                   "| expectation | column | unexpected | passed |", "|---|---|---|---|"]
         lines += [f"| {r['expectation']} | {r['column']} | {_cell(r['unexpected'])} | {'yes' if r['passed'] else '**no**'} |"
                   for r in report.results]

@@ -21,7 +21,12 @@ def test_real_outputs_pass(extracted):
     for stage in ("download", "extract"):
         report = validate_stage(stage, extracted)
         assert report.success and report.batches >= 1
-    assert (Path(extracted.paths.data_dir) / "docs" / "index.html").is_file()
+        assert report.docs == str((Path(extracted.paths.data_dir) / "docs" / stage / "index.html").resolve())
+    docs = Path(extracted.paths.data_dir) / "docs"
+    # every stage keeps its report (the second stage's build used to drop the first one's pages)
+    for stage in ("download", "extract"):
+        assert list((docs / stage).glob("validations/**/*.html")) and list((docs / stage).glob("expectations/*.html"))
+        assert f'<a href="{stage}/index.html">{stage}</a></td><td>passed' in (docs / "index.html").read_text()
 
 
 def break_a_shard(data: Path) -> str:
@@ -53,7 +58,8 @@ def test_broken_shard_fails_with_named_expectation_column_count(broken):
     assert len(e.value.failures) == 2
     docs = Path(p.paths.data_dir) / "docs"
     assert (docs / "index.html").is_file()
-    assert list(docs.glob("validations/**/*.html")), "the failing run must be in Data Docs"
+    assert list(docs.glob("extract/validations/**/*.html")), "the failing run must be in Data Docs"
+    assert "FAILED</b> (2 failures)" in (docs / "index.html").read_text()
 
 
 def test_cli_never_marks_a_truncated_download_complete(broken, tmp_path):

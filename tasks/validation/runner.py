@@ -1,8 +1,10 @@
 """Runs a stage's expectation suite over its output shards with great-expectations 1.x.
 
 Shards are validated in batches of bounded size (the suites read only the columns they check and
-replace `text` by its length); the Data Docs site under <data_dir>/docs is built once per run. A
-violated expectation raises ExpectationFailed whose message names the expectation, the column, the
+replace `text` by its length); each stage's Data Docs site, <data_dir>/docs/<stage>/, is built once
+per run (GX's site builder drops the pages of results its store does not hold, and a run's store holds
+its own stage only: one site per stage keeps every stage's latest report), and <data_dir>/docs/index.html
+lists the stages' reports. A violated expectation raises ExpectationFailed whose message names the expectation, the column, the
 unexpected count and the shard.
 """
 from __future__ import annotations
@@ -127,7 +129,8 @@ def run_suite(stage: str, expectations: list, batches: Iterator[Batch],
               docs_dir: Path, raise_on_failure: bool = True) -> ValidationReport:
     import great_expectations as gx
 
-    ctx = _context(docs_dir)
+    site = docs_dir / stage
+    ctx = _context(site)
     asset = ctx.data_sources.add_pandas(f"{stage}_output").add_dataframe_asset("shards")
     suite = ctx.suites.add(gx.ExpectationSuite(name=f"{stage}_suite"))
     for e in expectations:
@@ -136,7 +139,7 @@ def run_suite(stage: str, expectations: list, batches: Iterator[Batch],
         name=stage, data=asset.add_batch_definition_whole_dataframe("shard"), suite=suite))
     checkpoint = ctx.checkpoints.add(gx.Checkpoint(
         name=f"{stage}_checkpoint", validation_definitions=[vd], result_format="SUMMARY", actions=[]))
-    report = ValidationReport(stage, expectations=len(expectations), docs=str((docs_dir / "index.html").resolve()))
+    report = ValidationReport(stage, expectations=len(expectations), docs=str((site / "index.html").resolve()))
     table: dict = {}
     for batch in batches:
         report.batches += 1
@@ -154,6 +157,35 @@ def run_suite(stage: str, expectations: list, batches: Iterator[Batch],
         report.failures += [f"{t} on column '{col}': {n} unexpected in shard {name}" for t, col, n, name in failed]
     report.results = list(table.values())
     ctx.build_data_docs(site_names=["pipeline"])  # once, after every batch (not per batch)
+    write_index(docs_dir, stage, report)
     if report.failures and raise_on_failure:
         raise ExpectationFailed(stage, report.failures, report.docs)
     return report
+
+
+def write_index(docs_dir: Path, stage: str, report: ValidationReport) -> None:
+    """Record this stage's outcome beside its site and rewrite the index of every stage's report."""
+    import html
+    import json
+    import time
+
+    from tasks.core.passes import atomic_write_text
+    from tasks.core.registry import PIPELINE
+
+    atomic_write_text(docs_dir / stage / "summary.json", json.dumps({
+        "stage": stage, "success": report.success, "expectations": report.expectations, "batches": report.batches,
+        "failures": len(report.failures), "validated_at": time.strftime("%Y-%m-%d %H:%M:%S %Z")}, sort_keys=True) + "\n")
+    rows = []
+    for name in PIPELINE:
+        f = docs_dir / name / "summary.json"
+        if f.is_file():
+            r = json.loads(f.read_text(encoding="utf-8"))
+            result = "passed" if r["success"] else f"<b>FAILED</b> ({r['failures']} failures)"
+            rows.append(f"<tr><td><a href=\"{html.escape(name)}/index.html\">{html.escape(name)}</a></td><td>{result}</td>"
+                        f"<td>{r['expectations']}</td><td>{r['batches']}</td><td>{html.escape(r['validated_at'])}</td></tr>")
+    atomic_write_text(docs_dir / "index.html", "<!doctype html><html><head><meta charset=\"utf-8\"><title>Data Docs: "
+                      "every stage</title><style>body{font-family:sans-serif;margin:2em}td,th{padding:.3em 1em;"
+                      "text-align:left}</style></head><body><h1>Validation of every stage</h1><p>Each stage's latest "
+                      "great-expectations report (its suite and the results, shard by shard).</p><table><tr><th>stage"
+                      "</th><th>result</th><th>expectations</th><th>batches</th><th>validated</th></tr>"
+                      + "".join(rows) + "</table></body></html>\n")
