@@ -171,6 +171,30 @@ def test_an_unvalidated_stage_is_not_an_input_and_a_refused_run_keeps_the_last_c
     assert (Path(small_params.paths.data_dir) / "download/stats.json").read_text() == stats  # still complete, as it was
 
 
+def test_a_stage_refuses_an_input_shard_missing_altered_or_foreign(extracted, tmp_path):
+    import shutil
+
+    from tasks.core.errors import UnfinishedInput
+
+    data = tmp_path / "data"
+    shutil.copytree(extracted.paths.data_dir, data)
+    p = parse_params(small_raw(data))
+    shards = data / "extract/shards"
+    first = sorted(shards.glob("*.parquet"))[0]
+    whole = first.read_bytes()
+    cases = [(lambda: first.rename(tmp_path / "aside.parquet"), f"input shard {first} of stage 'extract' is missing"),
+             (lambda: (tmp_path / "aside.parquet").rename(first), None),
+             (lambda: first.write_bytes(whole[:-100]), f"input shard {first} has .* bytes, stage 'extract' wrote"),
+             (lambda: first.write_bytes(whole), None),
+             (lambda: (shards / "junk.parquet").write_bytes(b"PAR1"), "junk.parquet was not written by stage 'extract'")]
+    for change, message in cases:
+        change()
+        if message:
+            with pytest.raises(UnfinishedInput, match=message):
+                run_stage("filter", p)
+            assert not (data / "filter/stats.json").exists()
+
+
 def test_stats_name_every_pass_in_order(small_params):
     for s in ("sample", "download", "extract", "filter", "dedup", "decontaminate"):
         stats = run_stage(s, small_params)

@@ -12,6 +12,7 @@ DVC `outs`), a global last pass writes `data/<stage>/<pass>/`. Earlier sharded p
 from __future__ import annotations
 
 import contextlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, ContextManager, Iterator, Mapping, Union
@@ -59,9 +60,42 @@ def shard_per_file(files, suffix: str | None = None) -> list[Shard]:
     return [Shard(f.stem, (str(f),), f"{f.stem}{suffix}" if suffix else f.name) for f in files]
 
 
+def input_shard_files(ctx: "Context") -> list[Path]:
+    """Every file of the input stage's output, in name order, checked against the stage's completion
+    markers: a shard missing, of another size than it was written, or written by no run of that stage
+    stops this one with one line naming it (a stage must never read part of its input). Outputs
+    adopted by hand (runner.adopt_outputs) have no markers and are taken as they are."""
+    from tasks.core.errors import UnfinishedInput
+
+    folder = ctx.input_shards
+    files = sorted(f for f in folder.iterdir() if not f.name.startswith(".tmp-")) if folder.is_dir() else []
+    stats, completions = folder.parent / "stats.json", folder.parent / "completions"
+    if not completions.is_dir() or (stats.is_file() and json.loads(stats.read_text(encoding="utf-8")).get("adopted")):
+        return files
+    written = {}
+    for m in completions.glob("*.json"):
+        if not m.name.startswith(".tmp-"):
+            record = json.loads(m.read_text(encoding="utf-8"))
+            written[record["output"]] = record["bytes"]
+    on_disk = {f.name: f.stat().st_size for f in files}
+    rerun = f"rerun `python -m tasks {ctx.input_stage}`"
+    for name in sorted(set(written) | set(on_disk)):
+        if name not in on_disk:
+            raise UnfinishedInput(f"stage '{ctx.stage}': input shard {folder / name} of stage '{ctx.input_stage}' is "
+                                  f"missing: {rerun}")
+        if name not in written:
+            raise UnfinishedInput(f"stage '{ctx.stage}': {folder / name} was not written by stage '{ctx.input_stage}' "
+                                  f"(no completion marker): remove it or {rerun}")
+        if on_disk[name] != written[name]:
+            raise UnfinishedInput(f"stage '{ctx.stage}': input shard {folder / name} has {on_disk[name]} bytes, stage "
+                                  f"'{ctx.input_stage}' wrote {written[name]}: {rerun}")
+    return files
+
+
 def input_files(ctx: "Context") -> list[Path]:
-    """The input stage's output shards, in name order (the order every global index follows)."""
-    return sorted(ctx.input_shards.glob("*.parquet"))
+    """The input stage's Parquet shards, checked (input_shard_files), in name order (the order every
+    global index follows)."""
+    return [f for f in input_shard_files(ctx) if f.suffix == ".parquet"]
 
 
 Plan = Callable[[PipelineParams, Context], list[Shard]]

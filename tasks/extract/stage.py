@@ -15,7 +15,7 @@ from tasks.core.config import PipelineParams
 from tasks.core.errors import InputFileError
 from tasks.core.passes import Shard, ShardStats
 from tasks.core.schema import DocWriter, iter_docs
-from tasks.core.stage import Context, ShardedPass, Stage, fixed
+from tasks.core.stage import Context, ShardedPass, Stage, fixed, input_shard_files
 from tasks.extract.html_text import to_utf8
 from tasks.extract.http_body import decode_content, dechunk
 from tasks.extract.langid import detect_lang
@@ -35,9 +35,7 @@ def stage_params(p: PipelineParams) -> dict:
 
 def plan(p: PipelineParams, ctx: Context) -> list[Shard]:
     shards = []
-    for f in sorted(ctx.input_shards.iterdir()):
-        if f.name.startswith(".tmp-"):
-            continue
+    for f in input_shard_files(ctx):
         refused = not_warc(f.name)
         if refused:
             raise InputFileError(f"{f}: {refused}")
