@@ -24,7 +24,7 @@ from tasks.core.config import PipelineParams, load_params
 from tasks.core.errors import ConfigError, describe
 from tasks.core.passes import Shard
 from tasks.core.registry import STAGES
-from tasks.core.runner import process_shard, run_stage, stats_path
+from tasks.core.runner import process_shard, run_stage, stage_lock, stats_path
 from tasks.core.stage import Context, Stage
 from tasks.validation import ExpectationFailed, validate_stage
 
@@ -71,13 +71,14 @@ def run_stage_flow(stage: str, p: PipelineParams) -> dict:
     from prefect.runtime import flow_run
     if flow_run.id:  # the stage's outputs record the flow run that made them (evaluation provenance)
         os.environ["PREFECT__FLOW_RUN_ID"] = str(flow_run.id)
-    with watching(next(st for st in STAGES if st.name == stage), p):
-        stats = run_stage(stage, p, map_shards=map_with_prefect, validation_follows=True)
-    try:
-        report = validate_stage(stage, p)
-    except ExpectationFailed as e:
-        publish(_with_validation(stats, p), e.report, p, failure=describe(e)[1])
-        raise
+    with stage_lock(p, stage):
+        with watching(next(st for st in STAGES if st.name == stage), p):
+            stats = run_stage(stage, p, map_shards=map_with_prefect, validation_follows=True)
+        try:
+            report = validate_stage(stage, p)
+        except ExpectationFailed as e:
+            publish(_with_validation(stats, p), e.report, p, failure=describe(e)[1])
+            raise
     stats = _with_validation(stats, p)
     artifact = publish(stats, report, p)
     log.info("%s: %s", stage, json.dumps({k: stats.get(k) for k in ("docs_in", "docs_out", "dropped")}))

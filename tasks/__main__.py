@@ -43,14 +43,15 @@ def run(stage: str, params_file: str) -> dict:
     from tasks.core.config import load_params
     from tasks.core.errors import ConfigError
     from tasks.core.registry import PIPELINE
-    from tasks.core.runner import run_stage
+    from tasks.core.runner import run_stage, stage_lock
     from tasks.validation import validate_stage
 
     if stage not in PIPELINE:
         raise ConfigError(f"unknown stage {stage!r}; stages: {', '.join(PIPELINE)}")
     params = load_params(params_file)
-    stats = run_stage(stage, params, validation_follows=True)
-    report = validate_stage(stage, params)
+    with stage_lock(params, stage):
+        stats = run_stage(stage, params, validation_follows=True)
+        report = validate_stage(stage, params)
     summary = {k: stats[k] for k in ("stage", "shards", "docs_in", "docs_out", "dropped") if k in stats}
     if report is not None:
         summary["validation"] = {"batches": report.batches, "docs": report.docs}

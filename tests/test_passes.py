@@ -195,6 +195,25 @@ def test_a_stage_refuses_an_input_shard_missing_altered_or_foreign(extracted, tm
             assert not (data / "filter/stats.json").exists()
 
 
+def test_a_stage_does_not_start_while_it_or_its_input_is_in_use(tmp_path):
+    from tasks.core.runner import stage_lock
+
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(small_raw(tmp_path / "data")))
+    p = parse_params(small_raw(tmp_path / "data"))
+    with stage_lock(p, "filter"):  # as a filter run in progress: extract's folder is read, filter's written
+        for stage, why in (("filter", "it is running already, or a stage reading it as input is"),
+                           ("extract", "it is running already, or a stage reading it as input is"),
+                           ("dedup", "its input stage 'filter' is running")):
+            out = subprocess.run([sys.executable, "-m", "tasks", stage], cwd=tmp_path, capture_output=True, text=True,
+                                 env={**os.environ, "PYTHONPATH": str(REPO)})
+            assert (out.returncode, out.stderr.strip()) == (1, f"stage busy: stage '{stage}' cannot start: {why}, in "
+                                                               f"{tmp_path / 'data'}")
+        with stage_lock(parse_params(small_raw(tmp_path / "data", dedup={"input_stage": "extract"})), "dedup"):
+            pass  # two readers of one input may run together
+    with stage_lock(p, "filter"):  # released at the end of the run
+        pass
+
+
 def test_stats_name_every_pass_in_order(small_params):
     for s in ("sample", "download", "extract", "filter", "dedup", "decontaminate"):
         stats = run_stage(s, small_params)

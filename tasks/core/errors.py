@@ -58,6 +58,12 @@ class UnfinishedInput(PipelineError, RuntimeError):
     label = "unfinished input"
 
 
+class StageBusy(PipelineError, RuntimeError):
+    """Another run holds the stage (running it, or reading it as its input) in the same data folder."""
+
+    label = "stage busy"
+
+
 class StageFailed(PipelineError, RuntimeError):
     """More of a stage's shards failed than its bound allows (each failure is named)."""
 

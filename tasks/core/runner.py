@@ -6,15 +6,17 @@ shards are mapped differs (sequentially here, through a Prefect task runner in f
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from tasks.core import registry
 from tasks.core.config import PipelineParams
-from tasks.core.errors import StageFailed, UnfinishedInput
+from tasks.core.errors import StageBusy, StageFailed, UnfinishedInput
 from tasks.core.passes import (PassLayout, Shard, atomic_write_text, digest, input_stat, merge_stats, prune,
                                remove_leftovers, run_global, run_shard, shards_digest)
 from tasks.core.stage import Context, GlobalPass, ShardedPass, Stage
@@ -52,6 +54,34 @@ def require_complete(p: PipelineParams, stage: str, needed_by: str) -> None:
     if validation.get("pending"):
         raise UnfinishedInput(f"stage '{needed_by}' needs stage '{stage}' validated, and its validation did not "
                               f"finish (interrupted?): rerun `python -m tasks {stage}`")
+
+
+@contextlib.contextmanager
+def stage_lock(p: PipelineParams, name: str) -> Iterator[None]:
+    """Held by the CLI and the flows for a stage's run and validation: the stage's own folder
+    exclusively, its input stage's shared. A second run of the stage, or a run of its input stage while
+    it reads that input, stops at once with one line, instead of deleting the first run's temporary
+    files or changing its input underneath it. (flock: released when the process dies, even by kill -9.)"""
+    held = []
+    try:
+        for stage, mode in ((name, fcntl.LOCK_EX), (registry.stage(name).input(p), fcntl.LOCK_SH)):
+            if stage is None:
+                continue
+            folder = Path(p.paths.data_dir) / stage
+            folder.mkdir(parents=True, exist_ok=True)
+            fh = open(folder / ".lock", "a+")
+            try:
+                fcntl.flock(fh, mode | fcntl.LOCK_NB)
+            except BlockingIOError:
+                fh.close()
+                what = ("it is running already, or a stage reading it as input is" if stage == name
+                        else f"its input stage '{stage}' is running")
+                raise StageBusy(f"stage '{name}' cannot start: {what}, in {p.paths.data_dir}") from None
+            held.append(fh)
+        yield
+    finally:
+        for fh in held:
+            fh.close()
 
 
 def _run_sharded(st: Stage, ps: ShardedPass, p: PipelineParams, ctx: Context, map_shards: MapShards):
