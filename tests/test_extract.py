@@ -128,6 +128,12 @@ def test_to_utf8_passes_valid_utf8_through_and_repairs_the_rest():
     assert same is body and not repaired  # no copy on the common path
     assert to_utf8(body, None) == (body, False)
     assert to_utf8("rivière".encode("latin-1"), "iso-8859-1") == ("rivière".encode(), False)
+    # UTF-8 served as iso-8859-1 (a server default): kept as UTF-8, counted as repaired, not mojibake
+    assert to_utf8("Le café était très agréable".encode(), "iso-8859-1") == ("Le café était très agréable".encode(), True)
+    assert to_utf8("日本語のページ".encode(), "shift_jis") == ("日本語のページ".encode(), True)
+    assert to_utf8("日本語のページ".encode("shift_jis"), "shift_jis") == ("日本語のページ".encode(), False)
+    assert to_utf8("plain ascii".encode(), "iso-8859-1") == (b"plain ascii", False)
+    assert to_utf8("€ in cp1252".encode("cp1252"), "windows-1252") == ("€ in cp1252".encode(), False)
     assert to_utf8(body, "x-klingon") == (body, True)  # unknown label, but valid UTF-8
     fixed, repaired = to_utf8(("café " * 50).encode("cp1252"), "utf-8")  # mislabelled
     assert repaired and fixed.decode("utf-8").startswith("caf")

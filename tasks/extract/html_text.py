@@ -17,7 +17,10 @@ UTF8 = "utf-8"
 
 def to_utf8(body: bytes, declared: str | None) -> tuple[bytes, bool]:
     """(UTF-8 bytes, repaired): decode with the declared charset; if it is missing, unknown or
-    wrong, try UTF-8, then detect. Valid UTF-8 is passed through without a copy."""
+    wrong, try UTF-8, then detect. Valid UTF-8 is passed through without a copy. A body that is valid
+    UTF-8 with non-ASCII characters is UTF-8 whatever it declares (servers label UTF-8 pages
+    iso-8859-1 by default, and latin-1 decodes any bytes, so trusting it makes mojibake): legacy
+    text practically never forms valid multi-byte UTF-8 sequences throughout. UTF-16/32 labels are trusted."""
     codec = None
     if declared:
         try:
@@ -25,6 +28,12 @@ def to_utf8(body: bytes, declared: str | None) -> tuple[bytes, bool]:
         except LookupError:
             pass
     if codec is not None and codec != UTF8:
+        if not codec.startswith(("utf-16", "utf-32")) and not body.isascii():
+            try:
+                body.decode(UTF8)
+                return body, True  # mislabelled UTF-8
+            except UnicodeDecodeError:
+                pass
         try:
             return body.decode(codec).encode(UTF8), False
         except UnicodeDecodeError:
