@@ -1,6 +1,7 @@
 """Extraction: main text from real HTML, and every kind of bad input counted under its reason."""
 from __future__ import annotations
 
+import gzip
 import random
 from pathlib import Path
 
@@ -30,6 +31,12 @@ def nasty_warc(path: Path) -> None:
                                                    "text/html; charset=iso-8859-1"))
     w.page("https://mislabelled.example/", http_response(ARTICLE.replace("river", "café").encode("cp1252")))
     w.page("https://unknown-charset.example/", http_response(ARTICLE.encode(), "text/html; charset=x-klingon"))
+    w.page("https://utf8-as-latin1.example/", http_response(ARTICLE.replace("river", "café").encode(),
+                                                           "text/html; charset=iso-8859-1"))
+    w.page("https://gzipped.example/", http_response(gzip.compress(ARTICLE.encode(), mtime=0)))  # no Content-Encoding
+    noise = random.Random(3)
+    w.page("https://pdf.example/", http_response(b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\n" + noise.randbytes(3000)))
+    w.page("https://random.example/", http_response(noise.randbytes(5000)))
     w.page("https://empty.example/", http_response(b""))
     w.page("https://img.example/a.png", http_response(b"\x89PNG....", "image/png"))
     w.page("https://gone.example/", http_response(b"<html>gone</html>", status="404 Not Found"))
@@ -57,15 +64,17 @@ def test_bad_inputs_are_counted_and_skipped(tmp_path):
     rows = pq.read_table(tmp_path / "out.parquet").to_pylist()
     urls = [r["url"] for r in rows]
     assert urls == ["https://ok.example/1", "https://latin.example/", "https://mislabelled.example/",
-                    "https://unknown-charset.example/", "https://old.example/", "https://ok.example/2"]
-    assert "rivière" in rows[1]["text"] and "café" in rows[2]["text"]
+                    "https://unknown-charset.example/", "https://utf8-as-latin1.example/", "https://gzipped.example/",
+                    "https://old.example/", "https://ok.example/2"]
+    assert "rivière" in rows[1]["text"] and "café" in rows[2]["text"] and "café" in rows[4]["text"]
+    assert "sediment near the old bridge" in rows[5]["text"]
     assert all("Copyright" not in r["text"] and "Home" not in r["text"] for r in rows)  # boilerplate gone
     assert st.dropped == {
-        "record_warcinfo": 1, "record_request": 7, "record_metadata": 7, "record_revisit": 1,
-        "empty_body": 1, "not_html": 1, "http_not_200": 1, "malformed_http": 1,
+        "record_warcinfo": 1, "record_request": 11, "record_metadata": 11, "record_revisit": 1,
+        "empty_body": 1, "not_html": 1, "http_not_200": 1, "malformed_http": 1, "binary_body": 2,
         "malformed_record": 2, "corrupt_gzip": 1, "truncated_gzip": 1,
     }
-    assert st.extra["encoding_repaired"] == 2
+    assert st.extra["encoding_repaired"] == 3 and st.extra["gzip_body_without_header"] == 1
     assert st.docs_in == st.docs_out + sum(st.dropped.values())
     assert all(r["lang"] == "en" and r["id"].startswith("common-crawl/nasty/") for r in rows)
     assert {r["crawl"] for r in rows} == {"CC-MAIN-2020-50"}  # from the configuration, not the file name

@@ -94,3 +94,25 @@ def _looks_plain(body: bytes) -> bool:
     except UnicodeDecodeError as e:
         return e.start > len(head) - 4  # only a character cut at the sample's end
     return True
+
+
+def gunzip_unlabelled(body: bytes) -> bytes | None:
+    """A gzip body sent without `Content-Encoding` (misconfigured servers, some crawlers' storage),
+    decompressed; None when it is not one."""
+    return _inflate(body, 31) if body[:2] == b"\x1f\x8b" else None
+
+
+# File signatures of what servers mislabel text/html most: documents, images, archives, fonts, media
+_BINARY_MAGIC = (b"%PDF-", b"\x89PNG", b"GIF87a", b"GIF89a", b"\xff\xd8\xff", b"PK\x03\x04", b"\x1f\x8b",
+                 b"\x7fELF", b"RIFF", b"OggS", b"wOFF", b"wOF2", b"\xd0\xcf\x11\xe0", b"Rar!", b"7z\xbc\xaf")
+# C0 controls other than tab, newlines, form feed and ESC (ISO-2022 pages use it): absent from text
+_CONTROL = bytes(b for b in range(32) if b not in (9, 10, 11, 12, 13, 27))
+
+
+def looks_binary(utf8_body: bytes) -> bool:
+    """A body (already UTF-8) that is not text: a known file signature, or over 1% control bytes in
+    its first 4 KiB (random or compressed bytes have ~10%; HTML has none)."""
+    head = utf8_body[:4096]
+    if head.lstrip().startswith(_BINARY_MAGIC):
+        return True
+    return len(head) - len(head.translate(None, _CONTROL)) > len(head) // 100

@@ -17,7 +17,7 @@ from tasks.core.passes import Shard, ShardStats
 from tasks.core.schema import DocWriter, iter_docs
 from tasks.core.stage import Context, ShardedPass, Stage, fixed, input_shard_files
 from tasks.extract.html_text import to_utf8
-from tasks.extract.http_body import decode_content, dechunk
+from tasks.extract.http_body import decode_content, dechunk, gunzip_unlabelled, looks_binary
 from tasks.extract.langid import detect_lang
 from tasks.extract.sandbox import TIMED_OUT, worker_for
 from tasks.extract.warc_reader import Record, iter_warc, not_warc, parse_http
@@ -89,6 +89,9 @@ def _html_body(rec: Record, p: PipelineParams, st: ShardStats) -> tuple[bytes, s
         if body is None:
             st.drop("content_undecodable")
             return None
+    elif (unzipped := gunzip_unlabelled(body)) is not None:
+        body = unzipped
+        _count(st, "gzip_body_without_header")
     if not body.strip():
         st.drop("empty_body")
     elif len(body) > p.extract.max_html_bytes:
@@ -115,6 +118,9 @@ def _candidates(path: Path, p: PipelineParams, st: ShardStats, meta: list) -> It
         found = _html_body(rec, p, st)
         if found is not None:
             body, repaired = to_utf8(found[0], _charset(found[1]))
+            if looks_binary(body):  # a PDF, an image, random bytes served as text/html
+                st.drop("binary_body")
+                continue
             meta.append((i, rec.target_uri, repaired))
             yield body, p.extract.extractor
     if st.docs_in == 0:
