@@ -66,6 +66,10 @@ def _stats_or_none(p: PipelineParams, stage: str) -> dict | None:
 
 def main(argv: list[str]) -> int:
     """`python -m flows.pipeline [params.yaml [stage ...]]`: every stage, or only the named ones in DAG order."""
+    if argv[:1] in (["-h"], ["--help"]):
+        print(f"usage: python -m flows.pipeline [params.yaml [stage ...]]\n\nRuns the pipeline DAG through "
+              f"Prefect: every stage, or only the named ones in DAG order.\nstages: {', '.join(PIPELINE)}")
+        return 0
     params_file, stages = (argv[0], argv[1:]) if argv else ("params.yaml", [])
     try:
         load_params(params_file)  # a bad file fails before any Prefect server starts

@@ -53,6 +53,15 @@ def test_cli_reports_config_error_before_work(tmp_path):
     assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith(
         "configuration error: unknown stage 'dedupe': the stages are sample, download, extract"), out.stderr
     assert not (tmp_path / "data").exists()
+    out = subprocess.run([sys.executable, "-m", "flows.pipeline", "--help"], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.startswith("usage: python -m flows.pipeline [params.yaml [stage ...]]")
+    assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize("section,seed", [("tokenize", -1), ("sample", 2**32), ("evaluate", -5)])
+def test_a_seed_numpy_cannot_take_is_refused_up_front(section, seed):
+    with pytest.raises(ConfigError, match=f"{section}.seed"):
+        parse_params({section: {"seed": seed}})
 
 
 def test_models_are_flow_parameters():

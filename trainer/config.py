@@ -131,7 +131,7 @@ class ScheduleParams(Strict):
 class RunSettings(Strict):
     """What a run sets besides its recipe: the seed, checkpoints and the MFU peak."""
 
-    seed: int = Field(1234, description="Initialisation seed (the same model at every layout).")
+    seed: int = Field(1234, ge=0, lt=2**32, description="Initialisation seed (the same model at every layout).")
     checkpoint_every: int = Field(100, ge=1, description="Steps between checkpoints (and one at the end).")
     keep_checkpoints: int = Field(2, ge=1, description="Most recent checkpoints kept on disk.")
     peak_tflops: float | None = Field(None, gt=0.0, description="Per-device dense peak for MFU (H100/H200 "

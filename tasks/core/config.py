@@ -47,7 +47,7 @@ class RunnerParams(Strict):
 class SampleParams(Strict):
     """The built-in mini-crawl: a deterministic stand-in for Common Crawl + curated sets."""
 
-    seed: int = 1234
+    seed: int = Field(1234, ge=0, lt=2**32)
     crawl_id: str = Field("CC-MAIN-2020-50", pattern=r"^CC-MAIN-\d{4}-\d{2}$")
     n_warc_files: int = Field(4, ge=1, le=1000)
     pages_per_warc: int = Field(60, ge=1, le=100_000)
@@ -70,7 +70,7 @@ class DownloadParams(Strict):
     crawl_id: str = Field("CC-MAIN-2020-50", pattern=r"^CC-MAIN-\d{4}-\d{2}$")
     n_files: int = Field(4, ge=1, le=100_000)
     selection: Literal["first", "random"] = "random"
-    seed: int = 0
+    seed: int = Field(0, ge=0, lt=2**32)
     retries: int = Field(5, ge=0, le=20)
     backoff_s: float = Field(0.5, ge=0, le=60)
     backoff_max_s: float = Field(30.0, ge=0, le=600)
@@ -140,7 +140,7 @@ class TokenizeParams(Strict):
     batch_docs: int = Field(1000, ge=1, le=100_000, description="Documents per encode_batch call.")
     seq_length: int = Field(2048, ge=2, description="Tokens per training sample (samples hold seq_length + 1).")
     train_tokens: int = Field(270_000_000_000, ge=1, description="Training token budget (MT-NLG: 270B).")
-    seed: int = Field(1234, description="Seed of the document and sample shuffles.")
+    seed: int = Field(1234, ge=0, lt=2**32, description="Seed of the document and sample shuffles.")
     profile: Literal["custom", "mt-nlg"] = Field(
         "custom", description="custom: the weights in `blend`; mt-nlg: MT-NLG's 15-dataset table (blend left empty).")
     blend: list[BlendEntry] = Field(

@@ -25,7 +25,7 @@ class GenerationParams(Strict):
     temperature: float = Field(0.8, gt=0.0, description="Sampling temperature (greedy is always shown too).")
     top_k: int = Field(0, ge=0, description="Sample from the k most likely tokens (0: all).")
     top_p: float = Field(0.9, gt=0.0, le=1.0, description="Nucleus: the smallest set with this probability.")
-    seed: int = 1234
+    seed: int = Field(1234, ge=0, lt=2**32)
 
 
 class EvaluateParams(Strict):
@@ -37,7 +37,7 @@ class EvaluateParams(Strict):
     fewshot_k: dict[TaskName, int] = Field(default_factory=lambda: dict(MTNLG_K),
                                            description="k of the few-shot setting per task (MT-NLG's by default).")
     limit: int | None = Field(None, ge=1, description="Docs per task, drawn with `seed` (None: every doc).")
-    seed: int = Field(1234, description="Seed of the subsample and of the few-shot draws.")
+    seed: int = Field(1234, ge=0, lt=2**32, description="Seed of the subsample and of the few-shot draws.")
     token_budget: int = Field(16384, ge=64, description="Tokens per scoring batch.")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     generation: GenerationParams = GenerationParams()
