@@ -3,6 +3,7 @@ at tp 8 x pp 35 x dp 8 fits an 80 GB GPU."""
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from tasks.core.config import load_params
 from tests.conftest import REPO
@@ -12,14 +13,19 @@ from trainer.size import main, model_of, parameters, report, size
 PROFILES = load_params(REPO / "params.yaml").train.profiles
 
 
-def test_mtnlg_530b_is_530b_parameters_and_fits_an_80gb_gpu(capsys):
+def test_mtnlg_530b_is_530b_parameters_and_fits_an_80gb_gpu(capsys, tmp_path):
     recipe = PROFILES["mt-nlg-530b"]
     m = model_of(recipe)
     assert m.vocab_size == 51200 and m.seq_len == 2048  # 50257 padded to a multiple of 128 x tp 8
     assert parameters(m) == pytest.approx(530e9, rel=0.005)
     r = size(m, recipe.parallel)
     assert r["gpus"] == 2240 and 10 < r["total_gib"] < 80
-    assert main(["mt-nlg-530b", str(REPO / "params.yaml")]) == 0
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["paths"]["data_dir"] = str(tmp_path / "data")
+    raw["tokenize"]["tokenizer_file"] = "gpt2/vocab.json"  # no blend yet: GPT-2's vocabulary, as MT-NLG
+    raw["tokenize"]["merges_file"] = "gpt2/merges.txt"
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    assert main(["mt-nlg-530b", str(tmp_path / "params.yaml")]) == 0
     assert "529.6B parameters" in capsys.readouterr().out
 
 
@@ -65,3 +71,14 @@ def test_fp32_weights_and_activations_take_twice_the_bytes_of_bf16():
         assert full["optimizer_gib"] == half["optimizer_gib"]  # fp32 master + moments either way
         assert full["activations_gib"] == pytest.approx(2 * half["activations_gib"])
         assert size(m, par, "fp16")["total_gib"] == half["total_gib"]
+
+
+def test_the_cli_sizes_at_the_finished_blend_else_at_params(tmp_path, capsys):
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["paths"]["data_dir"] = str(tmp_path / "data")
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    assert main(["sample", str(tmp_path / "params.yaml")]) == 0
+    out = capsys.readouterr().out
+    seq, vocab = raw["tokenize"]["seq_length"], raw["tokenize"]["vocab_size"]
+    assert f"vocabulary {vocab} and context length {seq} (params.yaml: no finished blend)" in out
+    assert f"sequence {seq}, vocabulary 4096" in out  # 4096 padded for tp 1 (a multiple of 1024)

@@ -75,11 +75,26 @@ def report(name: str, recipe: Recipe, vocab: int = GPT2_VOCAB, seq_len: int | No
             "seq_len": m.seq_len, "vocab_size": m.vocab_size}
 
 
+def data_shape(params) -> tuple[int, int, str]:
+    """(vocabulary, context length, whence) as the train stage sizes its profiles: the finished blend's
+    (data/tokenize), else params.yaml's tokenize section (a trained tokenizer's vocab_size, or GPT-2's)."""
+    from tasks.core.stage import Context
+    from tasks.train.stage import blend_facts
+    try:
+        facts, vocab = blend_facts(Context("train", str(params.paths.data_dir), "tokenize"))
+        return vocab, facts["seq_length"], f"the blend in {params.paths.data_dir}/tokenize"
+    except (OSError, KeyError, ValueError):
+        t = params.tokenize
+        return (GPT2_VOCAB if t.tokenizer_file else t.vocab_size), t.seq_length, "params.yaml: no finished blend"
+
+
 def main(argv: list[str]) -> int:
     from tasks.core.config import load_params
     from tasks.core.errors import describe
     try:
-        profiles = load_params(argv[1] if len(argv) > 1 else "params.yaml").train.profiles
+        params = load_params(argv[1] if len(argv) > 1 else "params.yaml")
+        profiles = params.train.profiles
+        vocab, seq_len, source = data_shape(params)
     except Exception as e:  # noqa: BLE001 - one line and the exit code, as every entry point
         code, line = describe(e)
         print(line, file=sys.stderr)
@@ -88,9 +103,10 @@ def main(argv: list[str]) -> int:
     if any(n not in profiles for n in names):
         print(f"usage: python -m trainer.size [{'|'.join(profiles)}] [params.yaml]", file=sys.stderr)
         return 2
+    print(f"vocabulary {vocab} and context length {seq_len} ({source}); a profile's own seq_len comes first")
     for name in names:
         recipe = profiles[name]
-        m, par = model_of(recipe), recipe.parallel
+        m, par = model_of(recipe, vocab, seq_len), recipe.parallel
         try:
             plan(m, par, par.world_size)
         except Exception as e:  # noqa: BLE001 - the layout's one line
