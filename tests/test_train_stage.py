@@ -91,6 +91,12 @@ def test_a_bad_profile_is_named_even_when_another_runs(blended):
         run_stage("train", params(blended, profiles={"big": bad}))
 
 
+def test_more_train_tokens_than_the_blend_holds_are_refused_before_launching(blended):
+    with pytest.raises(ConfigError, match=r"profile 'sample': train_tokens 100,000 need 6,252 samples of 16 tokens "
+                                          r"and the blend has \d+: a larger blend"):
+        run_stage("train", params(blended, schedule={"train_tokens": 100_000, "warmup_tokens": 64}))
+
+
 def test_a_profile_for_another_context_length_is_refused(blended):
     with pytest.raises(ConfigError, match="profile 'sample' is for seq_len 2048 but the blend's samples hold 16"):
         run_stage("train", params(blended, seq_len=2048))

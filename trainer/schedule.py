@@ -44,6 +44,15 @@ def whole_batches(samples: int, s: ScheduleParams, par: ParallelParams, seq_len:
     return consumed
 
 
+def samples_needed(s: ScheduleParams, par: ParallelParams, seq_len: int) -> int:
+    """The samples the steps consume to reach `train_tokens` (ramp included), as the loop takes them."""
+    samples = tokens = 0
+    while tokens < s.train_tokens:
+        rows = global_batch(samples, s, par, seq_len)
+        samples, tokens = samples + rows, tokens + rows * seq_len
+    return samples
+
+
 def learning_rate(consumed_tokens: int, s: ScheduleParams, opt: OptimParams) -> float:
     if s.warmup_tokens and consumed_tokens < s.warmup_tokens:
         return opt.lr * consumed_tokens / s.warmup_tokens

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from tasks.core.config import PipelineParams
-from tasks.core.errors import from_line
+from tasks.core.errors import ConfigError, from_line
 from tasks.core.stage import Context, GlobalPass, Stage
 from trainer.config import TrainParams, padded_vocab, plan
 
@@ -88,7 +88,7 @@ def build_model(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
     from trainer import checkpoint, launch
     from trainer.export import export
     from trainer.run import RunSpec
-    from trainer.schedule import whole_batches
+    from trainer.schedule import samples_needed, whole_batches
     from trainer.size import parameters
     from tasks.train.profiles import check_launchable, sized_profiles
     facts, vocab = blend_facts(ctx)
@@ -98,6 +98,11 @@ def build_model(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
     blend, datasets, tokenizer = blend_files(ctx)
     sized = sized_profiles(p.train, vocab, seq)
     check_launchable(p.train, next(r for r in sized if r["profile"] == p.train.profile))
+    needed = samples_needed(cfg.schedule, cfg.parallel, seq)
+    if needed > facts["samples"]:  # before any rank starts (the loop would find out at the last step it can take)
+        raise ConfigError(f"profile {p.train.profile!r}: train_tokens {cfg.schedule.train_tokens:,} need {needed:,} samples "
+                          f"of {seq} tokens and the blend has {facts['samples']:,}: a larger blend (tokenize.train_tokens) "
+                          f"or fewer train_tokens")
     work = ctx.root / "work"
     spec = RunSpec(train=cfg, out=str(work), blend_dir=str(blend.resolve()), datasets_dir=str(datasets.resolve()),
                    launch=p.train.launch)
