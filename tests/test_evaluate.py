@@ -174,6 +174,20 @@ def test_task_files_missing_or_empty_fail_naming_the_file(tmp_path):
         load_task("anli_r2", tmp_path, fewshot=True)
 
 
+def test_the_stage_refuses_a_bad_task_file_before_its_last_results_are_removed(tmp_path):
+    from tasks.core.config import parse_params
+    from tasks.core.runner import run_stage
+
+    p = parse_params({"paths": {"data_dir": str(tmp_path / "data"), "benchmarks_dir": str(tmp_path / "bench")}})
+    for stage in ("train", "evaluate"):
+        (tmp_path / "data" / stage).mkdir(parents=True)
+        (tmp_path / "data" / stage / "stats.json").write_text(f'{{"stage": "{stage}"}}')
+    (tmp_path / "bench").mkdir()
+    with pytest.raises(TaskFileError, match="task 'lambada': file not found"):
+        run_stage("evaluate", p)
+    assert (tmp_path / "data/evaluate/stats.json").read_text() == '{"stage": "evaluate"}'
+
+
 def test_task_metrics_on_a_real_task(lm, benchmarks_dir):
     task = load_task("piqa", benchmarks_dir, fewshot=True)
     scorer = Scorer(lm, progress=False)

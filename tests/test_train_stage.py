@@ -97,6 +97,19 @@ def test_more_train_tokens_than_the_blend_holds_are_refused_before_launching(ble
         run_stage("train", params(blended, schedule={"train_tokens": 100_000, "warmup_tokens": 64}))
 
 
+def test_a_refused_run_leaves_the_last_completion_as_it_was(blended):
+    stats = Path(blended) / "data/train/stats.json"
+    kept = stats.read_bytes() if stats.exists() else None
+    stats.parent.mkdir(parents=True, exist_ok=True)
+    stats.write_text('{"stage": "train", "from": "the last run"}')
+    try:
+        with pytest.raises(ConfigError, match="profile 'sample' is for seq_len 2048"):
+            run_stage("train", params(blended, seq_len=2048))
+        assert stats.read_text() == '{"stage": "train", "from": "the last run"}'
+    finally:
+        stats.write_bytes(kept) if kept is not None else stats.unlink()
+
+
 def test_a_profile_for_another_context_length_is_refused(blended):
     with pytest.raises(ConfigError, match="profile 'sample' is for seq_len 2048 but the blend's samples hold 16"):
         run_stage("train", params(blended, seq_len=2048))

@@ -118,6 +118,8 @@ def run_stage(name: str, p: PipelineParams, map_shards: MapShards = map_sequenti
     input_stage = st.input(p)
     if input_stage is not None:  # before anything of this stage changes: a refused run leaves it as it was
         require_complete(p, input_stage, name)
+    if st.check is not None:
+        st.check(p, Context(name, str(p.paths.data_dir), input_stage))
     root = Path(p.paths.data_dir) / name
     root.mkdir(parents=True, exist_ok=True)
     stats_path(p, name).unlink(missing_ok=True)  # not complete until this run writes it again

@@ -156,6 +156,9 @@ class Stage:
     progress: Callable[[PipelineParams, float], tuple[float, str] | None] | None = None
     # its outputs cite the dvc.lock hashes of the stages before it: the pipeline records those first
     cites_lineage: bool = False
+    # refusals that need no output of this stage (a profile that cannot run, a bad task file): run
+    # before the stage's last completion is removed, so a refused run leaves it as it was
+    check: Callable[[PipelineParams, Context], None] | None = None
 
     def __post_init__(self):
         names = [p.name for p in self.passes]

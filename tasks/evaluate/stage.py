@@ -46,6 +46,14 @@ def build_results(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
             "eval_seconds": results["seconds"]}
 
 
+def check_tasks(p: PipelineParams, ctx: Context) -> None:
+    """Every configured task's files load (a missing or malformed file is refused before the stage's
+    last results are removed)."""
+    from tasks.evalsets.loaders import load_task
+    for name in p.evaluate.tasks:
+        load_task(name, p.paths.benchmarks_dir, fewshot=any(p.evaluate.shot_counts(name)))
+
+
 STAGE = Stage(
     name=NAME, section="evaluate", input=lambda p: p.evaluate.input_stage,
     doc="Zero/one/few-shot accuracy of the trained model on the nine MT-NLG tasks (lm-eval prompts), with samples.",
@@ -53,4 +61,5 @@ STAGE = Stage(
                        inputs=_inputs),),
     suite="tasks.validation.evaluate",
     cites_lineage=True,
+    check=check_tasks,
 )

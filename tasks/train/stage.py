@@ -84,25 +84,34 @@ def _metrics(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def build_model(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
-    from trainer import checkpoint, launch
-    from trainer.export import export
-    from trainer.run import RunSpec
-    from trainer.schedule import samples_needed, whole_batches
-    from trainer.size import parameters
+def check_run(p: PipelineParams, ctx: Context) -> tuple[dict, TrainParams, list[dict]]:
+    """Every refusal before a launch (the stage's declared check, and again in the pass): the blend's
+    facts, the run's parameters and every profile sized. A bad layout, a profile that cannot run here or
+    more train_tokens than the blend holds fail in a second instead of after the ranks have started."""
+    from trainer.schedule import samples_needed
     from tasks.train.profiles import check_launchable, sized_profiles
     facts, vocab = blend_facts(ctx)
     seq = facts["seq_length"]
     cfg = train_params(p, seq, vocab)
-    plan(cfg.model, cfg.parallel, cfg.parallel.world_size)  # a bad layout fails here, before any launch
-    blend, datasets, tokenizer = blend_files(ctx)
+    plan(cfg.model, cfg.parallel, cfg.parallel.world_size)
     sized = sized_profiles(p.train, vocab, seq)
     check_launchable(p.train, next(r for r in sized if r["profile"] == p.train.profile))
     needed = samples_needed(cfg.schedule, cfg.parallel, seq)
-    if needed > facts["samples"]:  # before any rank starts (the loop would find out at the last step it can take)
+    if needed > facts["samples"]:  # the loop would find out at the last step it can take
         raise ConfigError(f"profile {p.train.profile!r}: train_tokens {cfg.schedule.train_tokens:,} need {needed:,} samples "
                           f"of {seq} tokens and the blend has {facts['samples']:,}: a larger blend (tokenize.train_tokens) "
                           f"or fewer train_tokens")
+    return facts, cfg, sized
+
+
+def build_model(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
+    from trainer import checkpoint, launch
+    from trainer.export import export
+    from trainer.run import RunSpec
+    from trainer.schedule import whole_batches
+    from trainer.size import parameters
+    facts, cfg, sized = check_run(p, ctx)
+    blend, datasets, tokenizer = blend_files(ctx)
     work = ctx.root / "work"
     spec = RunSpec(train=cfg, out=str(work), blend_dir=str(blend.resolve()), datasets_dir=str(datasets.resolve()),
                    launch=p.train.launch)
@@ -159,9 +168,13 @@ def _clock(seconds: float) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
+def _check(p: PipelineParams, ctx: Context) -> None:
+    check_run(p, ctx)
+
+
 STAGE = Stage(
     name=NAME, section="train", input=lambda p: p.train.input_stage,
     doc="A GPT trained with tensor, pipeline and data parallelism on the blend; checkpoint + HF export.",
     passes=(GlobalPass("model", build=build_model, params=lambda p: p.train.model_dump(exclude={"launch"}), inputs=_inputs),),
-    suite="tasks.validation.train", progress=progress,
+    suite="tasks.validation.train", progress=progress, check=_check,
 )
