@@ -94,11 +94,23 @@ def test_suite_fails_a_classifier_that_keeps_everything(extracted, tmp_path):
 
 def test_no_positives_or_negatives_is_a_clear_error(extracted, tmp_path):
     data = copy(extracted, tmp_path, "e")
-    with pytest.raises(ConfigError, match=r"no positive documents: none of Books3 .*datasets present: "
-                                          r"StackExchange, Wikipedia \(en\), common-crawl"):
-        run_stage("filter", params(extracted, data, positives=["Books3"]))
-    with pytest.raises(ConfigError, match="no negative documents: none of Pile-CC"):
+    with pytest.raises(ConfigError, match=r"filter.classifier.positives: 'Books3' is not a dataset of the data "
+                                          r"\(datasets present: StackExchange, Wikipedia \(en\), common-crawl\)"):
+        run_stage("filter", params(extracted, data, positives=["Wikipedia (en)", "Books3"]))  # a typo among good names
+    with pytest.raises(ConfigError, match="filter.classifier.negatives: 'Pile-CC' is not a dataset"):
         run_stage("filter", params(extracted, data, negatives=["Pile-CC"]))
+    raw = params(extracted, data).model_dump(mode="json")
+    raw["filter"]["language"]["keep"] = ["de"]  # the curated sets are English: the rules drop them all
+    with pytest.raises(ConfigError, match=r"no positive documents: Wikipedia \(en\), StackExchange are all dropped by "
+                                          r"the rules"):
+        run_stage("filter", parse_params(raw))
+    raw["filter"]["language"]["keep"] = ["english"]
+    with pytest.raises(ConfigError, match="'english' is not an ISO 639-1 code"):
+        parse_params(raw)
+    raw["filter"]["language"]["keep"] = ["en"]
+    raw["filter"]["gopher_quality"].update(min_words=500_000)
+    with pytest.raises(ConfigError, match="min_words 500000 exceeds max_words 100000"):
+        parse_params(raw)
     with pytest.raises(ConfigError, match="model_path: .* is not a quality model"):
         (tmp_path / "bad.npz").write_bytes(b"not a model")
         run_stage("filter", params(extracted, data, model_path=str(tmp_path / "bad.npz")))

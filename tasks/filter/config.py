@@ -2,6 +2,7 @@
 quality classifier trained on the curated datasets against raw crawl text, sampled as GPT-3 did."""
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -12,8 +13,16 @@ RULE_GROUPS = ("language", "gopher_repetition", "gopher_quality", "c4")
 
 
 class LanguageRule(Strict):
-    keep: list[str] = Field(["en"], description="Languages kept (the extract stage's `lang`).")
+    keep: list[str] = Field(["en"], description="Languages kept: ISO 639-1 codes as the extract stage's `lang` "
+                                                "(en, de, zh, ...), or unknown.")
     min_score: float = Field(0.0, ge=0, le=1, description="Lowest language-ID confidence kept.")
+
+    @model_validator(mode="after")
+    def _codes(self):
+        bad = [k for k in self.keep if not re.fullmatch(r"[a-z]{2}|unknown", k)]
+        if bad:  # 'english' or 'EN' would silently keep nothing
+            raise ValueError(f"keep: {bad[0]!r} is not an ISO 639-1 code as extract labels documents (en, de, zh, ...)")
+        return self
 
 
 class GopherQuality(Strict):
@@ -28,6 +37,13 @@ class GopherQuality(Strict):
     max_ellipsis_lines_ratio: float = Field(0.3, ge=0, le=1)
     min_alpha_words_ratio: float = Field(0.8, ge=0, le=1, description="Share of words with an alphabetic character.")
     min_stop_words: int = Field(2, ge=0, description="Distinct stop words (the, be, to, of, and, that, have, with).")
+
+    @model_validator(mode="after")
+    def _ranges(self):
+        for low, high in (("min_words", "max_words"), ("min_avg_word_length", "max_avg_word_length")):
+            if getattr(self, low) > getattr(self, high):
+                raise ValueError(f"{low} {getattr(self, low)} exceeds {high} {getattr(self, high)}: every document would be dropped")
+        return self
 
 
 class NgramFrac(Strict):

@@ -73,11 +73,17 @@ def _training_docs(p: PipelineParams, ctx: Context) -> dict[str, list[str]]:
             cls = "pos" if ds[i] in c.positives and not reason[i] else "neg" if ds[i] in c.negatives else None
             if cls:
                 picks[cls].append((rank[i], ids[i], bool(held[i])))
+    present = f"(datasets present: {', '.join(sorted(seen)) or 'none'})"
+    for key, names in (("positives", c.positives), ("negatives", c.negatives)):
+        absent = [n for n in names if n not in seen]
+        if absent:  # a misspelt name would silently train on the others
+            raise ConfigError(f"filter.classifier.{key}: {absent[0]!r} is not a dataset of the data {present}")
     for cls, names in (("pos", c.positives), ("neg", c.negatives)):
         if not picks[cls]:
-            raise ConfigError(f"filter.classifier: no {'positive' if cls == 'pos' else 'negative'} documents: none of "
-                              f"{', '.join(names) or '(none listed)'} in the data (datasets present: "
-                              f"{', '.join(sorted(seen)) or 'none'})")
+            raise ConfigError(f"filter.classifier: no {'positive' if cls == 'pos' else 'negative'} documents: "
+                              f"{', '.join(names) or '(none listed)'} "
+                              + ("are all dropped by the rules (their reasons: the rules pass's `dropped` in stats.json)"
+                                 if names else f"{present}"))
     chosen = {}
     for cls in picks:
         for _, i, h in sorted(picks[cls])[:c.max_train_docs]:
