@@ -1,5 +1,6 @@
-"""Curated datasets as real dumps come: The Pile's .jsonl.zst, Dolma's .json.gz, Hugging Face Parquet,
-files of one name in many folders, and the broken ones (truncated, mislabelled, bad lines)."""
+"""Download's inputs as they come: curated dumps (The Pile's .jsonl.zst, Dolma's .json.gz, Hugging Face
+Parquet, files of one name in many folders, truncated or mislabelled files, bad lines) and crawl listings
+that list nothing usable."""
 from __future__ import annotations
 
 import gzip
@@ -110,3 +111,18 @@ def test_bad_lines_are_counted_and_skipped(tmp_path):
     (tmp_path / "empty.jsonl.zst").write_bytes(b"")
     st, docs = ingest(tmp_path / "empty.jsonl.zst", tmp_path)
     assert docs == [] and st.extra == {"empty_files": 1}
+
+
+@pytest.mark.parametrize("listing,message", [(gzip.compress(b"\n"), "lists no files"),
+                                             (gzip.compress(b"\xff\xfe w\x00a\x00r\x00c\x00"), "not a gzip list of paths")])
+def test_a_crawl_listing_that_lists_nothing_usable_is_named(tmp_path, listing, message):
+    from tasks.sample.server import StaticServer
+
+    crawl = tmp_path / "www/crawl-data/CC-MAIN-2024-10"
+    crawl.mkdir(parents=True)
+    (crawl / "warc.paths.gz").write_bytes(listing)
+    with StaticServer(tmp_path / "www") as url:
+        p = parse_params(small_raw(tmp_path / "data", download={"source": "commoncrawl", "base_url": url,
+                                                                "crawl_id": "CC-MAIN-2024-10", "retries": 0}))
+        with pytest.raises(InputFileError, match=f"crawl-data/CC-MAIN-2024-10/warc.paths.gz: {message}"):
+            run_stage("download", p)

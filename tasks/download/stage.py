@@ -60,7 +60,12 @@ def plan(p: PipelineParams, ctx: Context) -> list[Shard]:
     rt = ctx.env
     listing = f"crawl-data/{rt['crawl_id']}/warc.paths.gz"
     raw = fetch_bytes(safe_url(rt["base_url"], listing), policy(p), ctx.root / ".tmp-warc.paths.gz.part")
-    paths = [ln.strip() for ln in gzip.decompress(raw).decode("utf-8").splitlines() if ln.strip()]
+    try:
+        paths = [ln.strip() for ln in gzip.decompress(raw).decode("utf-8").splitlines() if ln.strip()]
+    except (OSError, EOFError, UnicodeDecodeError) as e:  # not gzip, cut short, not text
+        raise InputFileError(f"{listing}: not a gzip list of paths ({type(e).__name__}: {e})") from None
+    if not paths:
+        raise InputFileError(f"{listing}: lists no files")
     refused = next((not_warc(x.rsplit("/", 1)[-1]) for x in paths if not_warc(x.rsplit("/", 1)[-1])), None)
     if refused:
         raise InputFileError(f"{listing}: lists {paths[0].rsplit('/', 1)[-1]!r} and others: {refused}")
