@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -97,8 +98,15 @@ def test_export_to_hugging_face_gives_the_same_logits(uninterrupted, tmp_path):
     from tasks.tokenize import tokenizer as tokenizers
     tokenizer = tmp_path / "tokenizer.json"
     tokenizers.train(iter([["a few words to learn a byte-level tokenizer from"]]), 300).save(str(tokenizer))
+    (tmp_path / "not-a-tokenizer.json").write_text("{}")
+    with pytest.raises(Exception):
+        export(folder, tmp_path / "hf", tmp_path / "not-a-tokenizer.json")
+    assert not any((tmp_path / "hf").glob("*")) and not list(tmp_path.glob(".tmp-*"))  # nothing half-written
     out = export(folder, tmp_path / "hf", tokenizer)
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (out / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask  # as any file written here
     config = json.loads((out / "config.json").read_text())
     assert config["eos_token_id"] == tokenizers.eod_id(tokenizers.load(tokenizer))
     ours = GPT(ModelParams(**checkpoint.read_meta(folder)["model"]))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -81,14 +82,27 @@ def export(checkpoint: Path, out: Path, tokenizer: Path | None = None) -> Path:
     p = ModelParams(**meta["model"])
     tensors = Tensors(checkpoint)
     state = gpt2_state(lambda name: tensors[f"param/{name}"], p)
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     eod = 0
-    if tokenizer is not None:  # GPT-2 style: <|endoftext|> is both BOS and EOS
+    if tokenizer is not None:  # GPT-2 style: <|endoftext|> is both BOS and EOS; a bad file fails before any write
         from tasks.tokenize import tokenizer as tokenizers
         eod = tokenizers.eod_id(tokenizers.load(tokenizer))
-        shutil.copyfile(tokenizer, out / "tokenizer.json")
-    (out / "config.json").write_text(json.dumps(hf_config(p, eod), indent=1), encoding="utf-8")
+    # written beside `out`, then moved in file by file: a failed export leaves no weights without a config
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".tmp-{out.name}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        if tokenizer is not None:
+            shutil.copyfile(tokenizer, tmp / "tokenizer.json")
+        (tmp / "config.json").write_text(json.dumps(hf_config(p, eod), indent=1), encoding="utf-8")
+        umask = os.umask(0)
+        os.umask(umask)
+        for f in sorted(tmp.iterdir(), key=lambda f: f.name == "config.json"):  # the config last
+            f.chmod(0o666 & ~umask)  # as any file written here (safetensors makes its file 0600)
+            os.replace(f, out / f.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

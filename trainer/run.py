@@ -88,6 +88,7 @@ def main(argv: list[str]) -> int:
     from trainer.loop import train
     try:
         spec = RunSpec.model_validate_json(Path(argv[0]).read_text())
+        Path(spec.out).mkdir(parents=True, exist_ok=True)  # every rank: whichever writes first finds it
         result = train(spec.train, samples_of(spec), Path(spec.out), spec.init_from and Path(spec.init_from))
     except Exception as e:  # noqa: BLE001 - one line and the exit code, as every entry point
         code, line = describe(e)
