@@ -215,3 +215,23 @@ def test_generation_greedy_and_sampled(lm):
     a = [generate(lm, "The cat", 8, temperature=2.0, seed=s) for s in range(4)]
     assert a == [generate(lm, "The cat", 8, temperature=2.0, seed=s) for s in range(4)] and len(set(a)) > 1
     assert isinstance(generate(lm, "", 5), str)  # an empty prompt starts from <|endoftext|>
+
+
+def test_the_lineage_cli_names_each_stage_validation_and_refuses_an_unknown_metric(tmp_path, capsys):
+    from tasks.evaluate.provenance import main
+    results = {"rows": [{"task": "boolq", "shots": 0, "metric": "acc", "value": 0.5, "n": 4}],
+               "provenance": {"git": {"commit": "abc", "dirty": False}, "params_sha256": "f00",
+                              "checkpoint": {"path": "ck", "step": 2, "tokens": 64}, "prefect_flow_run_id": None,
+                              "dvc_lock": {"sample": {"data/sample/corpus": "m1"}, "extract": {"data/extract/shards": "m2"},
+                                           "filter": {"data/filter/shards": "m3"}},
+                              "validation": {"sample": {"success": None}, "extract": {"success": True},
+                                             "filter": {"success": False}}}}
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    assert main([str(tmp_path / "results.json"), "boolq", "acc"]) == 0
+    out = capsys.readouterr().out
+    assert "boolq 0-shot acc = 0.5000 (n=4)" in out
+    assert "data: sample data/sample/corpus md5 m1; validation not recorded (no suite)" in out
+    assert "data: extract data/extract/shards md5 m2; validation passed" in out
+    assert "data: filter data/filter/shards md5 m3; validation FAILED" in out
+    assert main([str(tmp_path / "results.json"), "boolq", "nosuch"]) == 2
+    assert "no metric 'nosuch' in" in capsys.readouterr().err

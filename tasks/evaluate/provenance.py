@@ -74,8 +74,9 @@ def lineage(results: dict, task: str | None = None, metric: str | None = None) -
     for stage, outs in prov["dvc_lock"].items():
         v = prov["validation"].get(stage, {})
         for path, md5 in outs.items():
-            lines.append(f"data: {stage} {path} md5 {md5}; validation "
-                         f"{'passed' if v.get('success') else 'not passed' if v else 'not recorded'}"
+            outcome = {True: "passed", False: "FAILED"}.get(v.get("success"), "not recorded (no suite)"
+                                                             if stage == "sample" else "not recorded")
+            lines.append(f"data: {stage} {path} md5 {md5}; validation {outcome}"
                          f"{' ' + v['data_docs'] if v.get('data_docs') else ''}")
     return lines
 
@@ -85,6 +86,11 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     results = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    for key, wanted in zip(("task", "metric"), argv[1:3]):
+        known = sorted({r[key] for r in results["rows"]})
+        if wanted not in known:
+            print(f"usage error: no {key} {wanted!r} in {argv[0]} ({key}s: {', '.join(known)})", file=sys.stderr)
+            return 2
     print("\n".join(lineage(results, *(argv[1:3]))))
     return 0
 
