@@ -81,7 +81,8 @@ def run_stage_flow(stage: str, p: PipelineParams) -> dict:
             raise
     stats = _with_validation(stats, p)
     artifact = publish(stats, report, p)
-    log.info("%s: %s", stage, json.dumps({k: stats.get(k) for k in ("docs_in", "docs_out", "dropped")}))
+    counts = {k: stats[k] for k in ("docs_in", "docs_out", "dropped") if k in stats}  # document stages only
+    log.info("%s: %s", stage, json.dumps(counts) if counts else f"done in {stats.get('wall_seconds')} s")
     return {**stats, "artifact": str(artifact)}
 
 
