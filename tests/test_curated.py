@@ -126,3 +126,14 @@ def test_a_crawl_listing_that_lists_nothing_usable_is_named(tmp_path, listing, m
                                                                 "crawl_id": "CC-MAIN-2024-10", "retries": 0}))
         with pytest.raises(InputFileError, match=f"crawl-data/CC-MAIN-2024-10/warc.paths.gz: {message}"):
             run_stage("download", p)
+
+
+def test_padding_a_byte_order_mark_and_a_file_that_is_not_json_lines(tmp_path):
+    (tmp_path / "padded.jsonl.gz").write_bytes(gzip.compress(JSONL) + b"\x00" * 512)  # as gzip -d accepts
+    (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + JSONL)
+    for name in ("padded.jsonl.gz", "bom.jsonl"):
+        st, docs = ingest(tmp_path / name, tmp_path)
+        assert len(docs) == 5 and not st.dropped, name
+    (tmp_path / "array.json.gz").write_bytes(gzip.compress(json.dumps(ROWS, indent=1).encode()))
+    with pytest.raises(InputFileError, match="array.json.gz: no line is a JSON object .*not JSON lines"):
+        ingest(tmp_path / "array.json.gz", tmp_path)

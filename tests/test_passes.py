@@ -85,7 +85,7 @@ def cli(root: Path, stage: str) -> subprocess.Popen:
 
 def content(stage_dir: Path) -> dict:
     return {str(f.relative_to(stage_dir)): f.read_bytes() for f in sorted(stage_dir.rglob("*"))
-            if f.is_file() and "completions" not in f.parts and not f.name.endswith(("done.json", "stats.json"))}
+            if f.is_file() and "completions" not in f.parts and not f.name.endswith(("done.json", "stats.json", ".lock"))}
 
 
 def test_kill_9_during_the_index_pass_then_rerun_is_byte_identical(tmp_path):

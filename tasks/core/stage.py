@@ -63,12 +63,15 @@ def shard_per_file(files, suffix: str | None = None) -> list[Shard]:
 def input_shard_files(ctx: "Context") -> list[Path]:
     """Every file of the input stage's output, in name order, checked against the stage's completion
     markers: a shard missing, of another size than it was written, or written by no run of that stage
-    stops this one with one line naming it (a stage must never read part of its input). Outputs
-    adopted by hand (runner.adopt_outputs) have no markers and are taken as they are."""
+    stops this one with one line naming it (a stage must never read part of its input). The markers
+    are a DVC output beside the shards (dvc.yaml), so a `dvc checkout` or a run-cache restore brings
+    back the markers of the shards it restores. Outputs adopted by hand (runner.adopt_outputs) have no
+    markers and are taken as they are."""
     from tasks.core.errors import UnfinishedInput
 
     folder = ctx.input_shards
-    files = sorted(f for f in folder.iterdir() if not f.name.startswith(".tmp-")) if folder.is_dir() else []
+    # hidden files (.tmp- leftovers, .DS_Store, NFS .nfsXXXX) are no shards
+    files = sorted(f for f in folder.iterdir() if not f.name.startswith(".")) if folder.is_dir() else []
     stats, completions = folder.parent / "stats.json", folder.parent / "completions"
     if not completions.is_dir() or (stats.is_file() and json.loads(stats.read_text(encoding="utf-8")).get("adopted")):
         return files

@@ -92,6 +92,8 @@ def _decompressed(path: Path, fh, fmt: str) -> Iterator[bytes]:
             if not d.eof:
                 break
             block, d, inside = d.unused_data, new(), False  # the next member / frame, if any
+            if gz and not block.strip(b"\x00"):
+                block = b""  # zero padding after the last member (tape blocks, some writers): gzip ignores it
     if inside:
         raise InputFileError(f"{path}: truncated {kind} stream: the file ends inside a {'member' if gz else 'frame'} "
                              f"after {read} bytes")
@@ -99,13 +101,22 @@ def _decompressed(path: Path, fh, fmt: str) -> Iterator[bytes]:
 
 def _lines(path: Path, fmt: str) -> Iterator[bytes]:
     with open(path, "rb") as fh:
-        rest = b""
+        rest = bytearray()  # the line still open: extended in place, so a huge line is not re-copied per chunk
+        first = True
         for chunk in _decompressed(path, fh, fmt):
-            lines = (rest + chunk).split(b"\n")
-            rest = lines.pop()
-            yield from lines
+            if first and chunk.startswith(b"\xef\xbb\xbf"):
+                chunk = chunk[3:]  # a UTF-8 byte order mark
+            first = False
+            if b"\n" not in chunk:
+                rest += chunk
+                continue
+            lines = chunk.split(b"\n")
+            rest += lines[0]
+            yield bytes(rest)
+            yield from lines[1:-1]
+            rest = bytearray(lines[-1])
         if rest:
-            yield rest
+            yield bytes(rest)
 
 
 def _rows(path: Path, fmt: str, st: ShardStats) -> Iterator[tuple[int, object]]:
@@ -170,5 +181,8 @@ def ingest_curated(path: Path, out: Path, tag: str) -> ShardStats:
                      "crawl": "", "lang": "", "lang_score": 0.0})
     if st.docs_in == 0:
         st.extra["empty_files"] = 1
+    elif st.docs_out == 0 and w.docs == 0 and st.dropped.get("malformed_json", 0) == st.docs_in:
+        # not one line is JSON: another format under a JSON-lines name (a JSON array, pretty-printed JSON)
+        raise InputFileError(f"{path}: no line is a JSON object ({st.docs_in} lines): not JSON lines")
     st.docs_out, st.bytes_out = w.docs, w.text_bytes
     return st

@@ -86,8 +86,8 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     results = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
-    for key, wanted in zip(("task", "metric"), argv[1:3]):
-        known = sorted({r[key] for r in results["rows"]})
+    for key, wanted in zip(("task", "metric"), argv[1:3]):  # the metric among the chosen task's rows
+        known = sorted({r[key] for r in results["rows"] if key == "task" or r["task"] == argv[1]})
         if wanted not in known:
             print(f"usage error: no {key} {wanted!r} in {argv[0]} ({key}s: {', '.join(known)})", file=sys.stderr)
             return 2

@@ -109,10 +109,13 @@ _BINARY_MAGIC = (b"%PDF-", b"\x89PNG", b"GIF87a", b"GIF89a", b"\xff\xd8\xff", b"
 _CONTROL = bytes(b for b in range(32) if b not in (9, 10, 11, 12, 13, 27))
 
 
+def has_binary_signature(body: bytes) -> bool:
+    """The raw body starts with a file signature (checked before any charset decoding changes its bytes)."""
+    return body[:16].lstrip().startswith(_BINARY_MAGIC)
+
+
 def looks_binary(utf8_body: bytes) -> bool:
-    """A body (already UTF-8) that is not text: a known file signature, or over 1% control bytes in
-    its first 4 KiB (random or compressed bytes have ~10%; HTML has none)."""
+    """A body (already UTF-8) that is not text: over 1% control bytes in its first 4 KiB, and more than
+    two (random or compressed bytes have ~10%; HTML has none, or a stray one)."""
     head = utf8_body[:4096]
-    if head.lstrip().startswith(_BINARY_MAGIC):
-        return True
-    return len(head) - len(head.translate(None, _CONTROL)) > len(head) // 100
+    return len(head) - len(head.translate(None, _CONTROL)) > max(2, len(head) // 100)

@@ -17,7 +17,7 @@ from tasks.core.passes import Shard, ShardStats
 from tasks.core.schema import DocWriter, iter_docs
 from tasks.core.stage import Context, ShardedPass, Stage, fixed, input_shard_files
 from tasks.extract.html_text import to_utf8
-from tasks.extract.http_body import decode_content, dechunk, gunzip_unlabelled, looks_binary
+from tasks.extract.http_body import decode_content, dechunk, gunzip_unlabelled, has_binary_signature, looks_binary
 from tasks.extract.langid import detect_lang
 from tasks.extract.sandbox import TIMED_OUT, worker_for
 from tasks.extract.warc_reader import Record, iter_warc, not_warc, parse_http
@@ -117,8 +117,11 @@ def _candidates(path: Path, p: PipelineParams, st: ShardStats, meta: list) -> It
             continue
         found = _html_body(rec, p, st)
         if found is not None:
+            if has_binary_signature(found[0]):  # a PDF, an image, an archive served as text/html
+                st.drop("binary_body")
+                continue
             body, repaired = to_utf8(found[0], _charset(found[1]))
-            if looks_binary(body):  # a PDF, an image, random bytes served as text/html
+            if looks_binary(body):  # random or compressed bytes served as text/html
                 st.drop("binary_body")
                 continue
             meta.append((i, rec.target_uri, repaired))

@@ -85,17 +85,17 @@ def _metrics(path: Path) -> list[dict]:
 
 
 def check_run(p: PipelineParams, ctx: Context) -> tuple[dict, TrainParams, list[dict]]:
-    """Every refusal before a launch (the stage's declared check, and again in the pass): the blend's
-    facts, the run's parameters and every profile sized. A bad layout, a profile that cannot run here or
-    more train_tokens than the blend holds fail in a second instead of after the ranks have started."""
+    """The refusals of the run itself (the stage's declared check, and again in the pass): the blend's
+    facts, the run's parameters and every profile sized. A bad layout or more train_tokens than the blend
+    holds fail in a second. (Whether this machine can launch it is checked in the pass, before the launch:
+    a model already trained elsewhere is reused here without one.)"""
     from trainer.schedule import samples_needed
-    from tasks.train.profiles import check_launchable, sized_profiles
+    from tasks.train.profiles import sized_profiles
     facts, vocab = blend_facts(ctx)
     seq = facts["seq_length"]
     cfg = train_params(p, seq, vocab)
     plan(cfg.model, cfg.parallel, cfg.parallel.world_size)
     sized = sized_profiles(p.train, vocab, seq)
-    check_launchable(p.train, next(r for r in sized if r["profile"] == p.train.profile))
     needed = samples_needed(cfg.schedule, cfg.parallel, seq)
     if needed > facts["samples"]:  # the loop would find out at the last step it can take
         raise ConfigError(f"profile {p.train.profile!r}: train_tokens {cfg.schedule.train_tokens:,} need {needed:,} samples "
@@ -110,7 +110,9 @@ def build_model(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
     from trainer.run import RunSpec
     from trainer.schedule import whole_batches
     from trainer.size import parameters
+    from tasks.train.profiles import check_launchable
     facts, cfg, sized = check_run(p, ctx)
+    check_launchable(p.train, next(r for r in sized if r["profile"] == p.train.profile))  # before any rank starts
     blend, datasets, tokenizer = blend_files(ctx)
     work = ctx.root / "work"
     spec = RunSpec(train=cfg, out=str(work), blend_dir=str(blend.resolve()), datasets_dir=str(datasets.resolve()),
