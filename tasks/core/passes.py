@@ -217,6 +217,12 @@ def _read_marker(marker: Path) -> dict | None:
         return None
 
 
+def written_outputs(layout: PassLayout) -> dict[str, int]:
+    """Output file name -> bytes, as the pass's completion markers recorded them (failed shards have none)."""
+    records = (_read_marker(m) for m in layout.completions.glob("*.json") if not m.name.startswith(".tmp-"))
+    return {r["output"]: r["bytes"] for r in records if r is not None}
+
+
 def finished_stats(pass_root: Path, shard_name: str) -> dict:
     """The stats an earlier sharded pass recorded for one shard in its completion marker (a later pass
     of the same stage reads them instead of recomputing what that pass already counted)."""

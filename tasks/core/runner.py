@@ -19,7 +19,7 @@ from tasks.core.config import PipelineParams
 from tasks.core.errors import StageBusy, StageFailed, UnfinishedInput
 from tasks.core.passes import (PassLayout, Shard, atomic_write_text, digest, input_stat, merge_stats, prune,
                                remove_leftovers, run_global, run_shard, shards_digest)
-from tasks.core.stage import Context, GlobalPass, ShardedPass, Stage, input_shard_files
+from tasks.core.stage import Context, GlobalPass, ShardedPass, Stage, check_input_shards
 
 MapShards = Callable[[str, str, PipelineParams, list[Shard], Context], list[dict]]
 
@@ -116,12 +116,14 @@ def run_stage(name: str, p: PipelineParams, map_shards: MapShards = map_sequenti
     recorded, and a run killed in between is not taken as a validated input."""
     st = registry.stage(name)
     input_stage = st.input(p)
-    if input_stage is not None:  # before anything of this stage changes: a refused run leaves it as it was
+    before = Context(name, str(p.paths.data_dir), input_stage)
+    # refusals come before anything of this stage changes: a refused run leaves it as it was
+    if input_stage is not None:
         require_complete(p, input_stage, name)
-    if input_stage is not None and isinstance(registry.stage(input_stage).output_pass(), ShardedPass):
-        input_shard_files(Context(name, str(p.paths.data_dir), input_stage))  # a missing or changed shard
+        if isinstance(registry.stage(input_stage).output_pass(), ShardedPass):
+            check_input_shards(before)  # a shard missing, changed, or not the input stage's
     if st.check is not None:
-        st.check(p, Context(name, str(p.paths.data_dir), input_stage))
+        st.check(p, before)
     root = Path(p.paths.data_dir) / name
     root.mkdir(parents=True, exist_ok=True)
     stats_path(p, name).unlink(missing_ok=True)  # not complete until this run writes it again

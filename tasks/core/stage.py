@@ -61,26 +61,27 @@ def shard_per_file(files, suffix: str | None = None) -> list[Shard]:
 
 
 def input_shard_files(ctx: "Context") -> list[Path]:
-    """Every file of the input stage's output, in name order, checked against the stage's completion
-    markers: a shard missing, of another size than it was written, or written by no run of that stage
-    stops this one with one line naming it (a stage must never read part of its input). The markers
-    are a DVC output beside the shards (dvc.yaml), so a `dvc checkout` or a run-cache restore brings
-    back the markers of the shards it restores. Outputs adopted by hand (runner.adopt_outputs) have no
-    markers and are taken as they are."""
+    """Every file of the input stage's output, in name order (hidden files, such as .tmp- leftovers,
+    .DS_Store or NFS .nfsXXXX, are no shards). The runner has checked them (check_input_shards)."""
+    folder = ctx.input_shards
+    return sorted(f for f in folder.iterdir() if not f.name.startswith(".")) if folder.is_dir() else []
+
+
+def check_input_shards(ctx: "Context") -> None:
+    """The input stage's files against that stage's completion markers: a shard missing, of another
+    size than it was written, or written by no run of that stage stops this one with one line naming
+    it (a stage must never read part of its input). The markers are a DVC output beside the shards
+    (dvc.yaml), so a `dvc checkout` or a run-cache restore brings back the markers of the shards it
+    restores. Outputs adopted by hand (runner.adopt_outputs) have no markers and are taken as they are."""
     from tasks.core.errors import UnfinishedInput
+    from tasks.core.passes import PassLayout, written_outputs
 
     folder = ctx.input_shards
-    # hidden files (.tmp- leftovers, .DS_Store, NFS .nfsXXXX) are no shards
-    files = sorted(f for f in folder.iterdir() if not f.name.startswith(".")) if folder.is_dir() else []
-    stats, completions = folder.parent / "stats.json", folder.parent / "completions"
-    if not completions.is_dir() or (stats.is_file() and json.loads(stats.read_text(encoding="utf-8")).get("adopted")):
-        return files
-    written = {}
-    for m in completions.glob("*.json"):
-        if not m.name.startswith(".tmp-"):
-            record = json.loads(m.read_text(encoding="utf-8"))
-            written[record["output"]] = record["bytes"]
-    on_disk = {f.name: f.stat().st_size for f in files}
+    layout, stats = PassLayout(folder.parent), folder.parent / "stats.json"
+    if not layout.completions.is_dir() or (stats.is_file() and json.loads(stats.read_text(encoding="utf-8")).get("adopted")):
+        return
+    written = written_outputs(layout)
+    on_disk = {f.name: f.stat().st_size for f in input_shard_files(ctx)}
     rerun = f"rerun `python -m tasks {ctx.input_stage}`"
     for name in sorted(set(written) | set(on_disk)):
         if name not in on_disk:
@@ -92,12 +93,10 @@ def input_shard_files(ctx: "Context") -> list[Path]:
         if on_disk[name] != written[name]:
             raise UnfinishedInput(f"stage '{ctx.stage}': input shard {folder / name} has {on_disk[name]} bytes, stage "
                                   f"'{ctx.input_stage}' wrote {written[name]}: {rerun}")
-    return files
 
 
 def input_files(ctx: "Context") -> list[Path]:
-    """The input stage's Parquet shards, checked (input_shard_files), in name order (the order every
-    global index follows)."""
+    """The input stage's Parquet shards, in name order (the order every global index follows)."""
     return [f for f in input_shard_files(ctx) if f.suffix == ".parquet"]
 
 
