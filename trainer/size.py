@@ -81,8 +81,9 @@ def data_shape(params) -> tuple[int, int, str]:
     from tasks.core.stage import Context
     from tasks.train.stage import blend_facts
     try:
-        facts, vocab = blend_facts(Context("train", str(params.paths.data_dir), "tokenize"))
-        return vocab, facts["seq_length"], f"the blend in {params.paths.data_dir}/tokenize"
+        blend = params.train.input_stage
+        facts, vocab = blend_facts(Context("train", str(params.paths.data_dir), blend))
+        return vocab, facts["seq_length"], f"the blend in {params.paths.data_dir}/{blend}"
     except (OSError, KeyError, ValueError):
         t = params.tokenize
         return (GPT2_VOCAB if t.tokenizer_file else t.vocab_size), t.seq_length, "params.yaml: no finished blend"

@@ -25,6 +25,7 @@ import zstandard
 from tasks.core.errors import ConfigError, InputFileError
 from tasks.core.passes import Shard, ShardStats
 from tasks.core.schema import DocWriter
+from tasks.download.http_fetch import safe_filename
 
 JSON_LINES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json.gz", ".json.zst")
 FORMATS = JSON_LINES + (".parquet",)
@@ -61,7 +62,7 @@ def curated_shards(sources: list[tuple[str, str | None, str]]) -> list[Shard]:
         if fmt is None:
             raise ConfigError(f"download.curated: {path}: unsupported format (expected {', '.join(FORMATS)})")
         source = os.path.relpath(path, root)
-        stem = re.sub(r"[^A-Za-z0-9._-]", "_", source[:len(source) - len(fmt)].replace(os.sep, "_")).lstrip(".")[:200]
+        stem = safe_filename(source[:len(source) - len(fmt)].replace(os.sep, "_"))
         if stem in named:
             raise ConfigError(f"download.curated: {named[stem]} and {path} would both be shard curated-{stem}")
         named[stem] = path
@@ -132,6 +133,7 @@ def _rows(path: Path, fmt: str, st: ShardStats) -> Iterator[tuple[int, object]]:
         i = 0
         for batch in pf.iter_batches(columns=[c for c in ("text", "meta") if c in names], batch_size=4096):
             for row in batch.to_pylist():
+                st.docs_in += 1
                 st.bytes_in += len(row["text"].encode("utf-8", "surrogatepass")) if isinstance(row["text"], str) else 0
                 yield i, row
                 i += 1
@@ -160,8 +162,6 @@ def ingest_curated(path: Path, out: Path, tag: str) -> ShardStats:
     st = ShardStats()
     with DocWriter(out) as w:
         for i, row in _rows(path, fmt, st):
-            if fmt == ".parquet":
-                st.docs_in += 1
             text = row.get("text") if isinstance(row, dict) else None
             if not isinstance(text, str) or not text.strip():
                 st.drop("missing_text")
