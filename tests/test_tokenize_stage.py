@@ -15,6 +15,7 @@ from tasks.core.runner import adopt_outputs, run_stage
 from tasks.core.schema import write_docs
 from tasks.tokenize import indexed, tokenizer
 from tasks.tokenize.blend import BlendedSamples
+from tasks.tokenize.pieces import read_manifest
 from tasks.validation import validate_stage
 
 WORDS = "the model was trained on web text books code and encyclopedia articles with many tokens".split()
@@ -129,10 +130,31 @@ def test_bad_inputs_name_the_cause(tmp_path):
         run(tmp_path, blend=[{"dataset": "web", "weight": 0}])
     with pytest.raises(InputFileError, match="the input holds no documents"):
         run(tmp_path, shards=[[], []], blend=[])
+    with pytest.raises(ConfigError, match=r"tokenize.train_tokens \(15\) is less than one sample of "
+                                          r"tokenize.seq_length \(16\) tokens"):
+        run(tmp_path, train_tokens=15)
+    # MT-NLG's budget on this few-thousand-token corpus: millions of epochs, refused before any allocation
+    with pytest.raises(ConfigError, match=r"tokenize.train_tokens \(270,000,000,000\) needs blend indices of "
+                                          r"[\d,.]+ GiB, more than the [\d,.]+ GiB of free memory: .*most "
+                                          r"repeated: 'Wikipedia \(en\)', [\d,]+ epochs of [\d,]+ tokens\): lower train_tokens"):
+        run(tmp_path, train_tokens=270_000_000_000)
     with pytest.raises(ConfigError, match="blend names a dataset twice: web"):
         parse_params({"tokenize": {"blend": [{"dataset": "web", "weight": 1}, {"dataset": "web", "weight": 2}]}})
     with pytest.raises(ConfigError, match="tokenize.blend.0.weight: Input should be greater than or equal to 0"):
         parse_params({"tokenize": {"blend": [{"dataset": "web", "weight": -1}]}})
+
+
+def test_the_index_size_estimate_bounds_the_files_written(tmp_path):
+    from tasks.tokenize.blend import index_bytes
+    _, p = run(tmp_path)
+    blend_dir = Path(p.paths.data_dir) / "tokenize/blend"
+    report = json.loads((blend_dir / "blend.json").read_text())
+    manifest = read_manifest(Path(p.paths.data_dir) / "tokenize/datasets")
+    names = report["order"]
+    weights = [report["datasets"][n]["target_share"] for n in names]
+    total, _, _ = index_bytes(names, weights, manifest["datasets"], report["samples"], 16)
+    written = sum(np.load(f, mmap_mode="r").nbytes for f in blend_dir.rglob("*.npy"))
+    assert written <= total <= 2 * written + 4096
 
 
 def test_a_users_tokenizer_file_is_used_as_is(tmp_path):

@@ -10,9 +10,11 @@ training sample is, chosen as megatron-core's build_blending_indices chooses (ta
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 from tasks.core.config import PipelineParams
 from tasks.core.errors import ConfigError, InputFileError
@@ -63,7 +65,11 @@ def build_blend(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
     datasets_dir = ctx.pass_dir("datasets")
     manifest = read_manifest(datasets_dir)
     names, weights, notes = resolve_weights(p, manifest["datasets"])
-    num_samples = max(1, t.train_tokens // t.seq_length)
+    if t.train_tokens < t.seq_length:
+        raise ConfigError(f"tokenize.train_tokens ({t.train_tokens:,}) is less than one sample of "
+                          f"tokenize.seq_length ({t.seq_length:,}) tokens")
+    num_samples = t.train_tokens // t.seq_length
+    check_index_size(tmp, p, names, weights, manifest["datasets"], num_samples)
     dataset_index, dataset_sample_index = indices.blending_indices(weights, num_samples)
     counts = np.bincount(dataset_index, minlength=len(names))
     rows = {}
@@ -90,6 +96,38 @@ def build_blend(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
               "datasets": rows, "order": names, **notes}
     (tmp / REPORT).write_text(json.dumps(report, indent=1, sort_keys=True), encoding="utf-8")
     return {"blend": rows, "blend_order": names, "samples": num_samples, **notes}
+
+
+def index_bytes(names, weights, datasets: dict, num_samples: int, seq_length: int) -> tuple[int, int, str]:
+    """(bytes of every index file, bytes held at once while building, the dataset needing the most
+    epochs): the blend's two arrays plus, per dataset, its document, sample and shuffle indices, as
+    build_blend sizes them (a dataset is chosen for at most weight x samples + 1 samples)."""
+    blend = num_samples * (2 + 8)
+    total, peak, worst, most = blend, 0, "", -1
+    for name, w in zip(names, weights):
+        info = datasets[name]
+        epochs = indices.epochs_needed(int(w * num_samples) + 1, info["tokens"], seq_length)
+        rows = epochs * info["tokens"] // seq_length + 2
+        size = 8 * info["documents"] * epochs + 16 * rows + 8 * rows
+        total += size
+        # the document index is concatenated from one permutation per epoch (two copies at once)
+        peak = max(peak, size + 8 * info["documents"] * epochs)
+        if epochs > most:
+            worst, most = f"'{name}', {epochs:,} epochs of {info['tokens']:,} tokens", epochs
+    return total, blend + peak, worst
+
+
+def check_index_size(tmp: Path, p: PipelineParams, names, weights, datasets: dict, num_samples: int) -> None:
+    """Refuse, before allocating, a token budget whose indices do not fit this machine's free memory or
+    disk: a budget meant for a larger corpus otherwise ends in a MemoryError or a full disk."""
+    total, peak, worst = index_bytes(names, weights, datasets, num_samples, p.tokenize.seq_length)
+    memory, disk = psutil.virtual_memory().available, shutil.disk_usage(tmp).free
+    for need, free, where in ((peak, memory, "free memory"), (total, disk, f"free disk at {tmp.parent}")):
+        if need > free:
+            raise ConfigError(f"tokenize.train_tokens ({p.tokenize.train_tokens:,}) needs blend indices of "
+                              f"{need / 2**30:,.1f} GiB, more than the {free / 2**30:,.1f} GiB of {where}: the "
+                              f"input is too small for this budget (most repeated: {worst}): lower train_tokens "
+                              f"or add data")
 
 
 class BlendedSamples:
