@@ -13,7 +13,6 @@ export GX_ANALYTICS_ENABLED = False
 export DS_ACCELERATOR ?= cpu
 # a loaded 2-core machine needs more than Prefect's default 20 s to start its temporary server
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
-DOCS_PORT ?= 4201
 
 .PHONY: install run test repro ui docs deploy worker bench clean
 
@@ -39,18 +38,16 @@ test: install
 repro: install
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/dvc repro
 
-## Prefect UI on http://127.0.0.1:$(PORT), and Data Docs on http://127.0.0.1:$(DOCS_PORT) beside it
+## Prefect UI on http://127.0.0.1:$(PORT), and Data Docs beside it at params.yaml's paths.docs_url
 ui: install
-	mkdir -p data/docs
-	$(PY) -m http.server $(DOCS_PORT) --bind 127.0.0.1 --directory data/docs & docs=$$!; \
+	$(PY) -m flows.docs_server --params params.yaml & docs=$$!; \
 	trap "kill $$docs" EXIT INT TERM; \
 	PREFECT_API_URL=http://127.0.0.1:$(PORT)/api PREFECT_UI_URL=http://127.0.0.1:$(PORT) \
 	$(VENV)/bin/prefect server start --host 127.0.0.1 --port $(PORT)
 
-## Data Docs (the validation reports) alone, on http://127.0.0.1:$(DOCS_PORT)
+## Data Docs (the validation reports) alone, at params.yaml's paths.docs_url (http://127.0.0.1:4201)
 docs: install
-	mkdir -p data/docs
-	$(PY) -m http.server $(DOCS_PORT) --bind 127.0.0.1 --directory data/docs
+	$(PY) -m flows.docs_server --params params.yaml
 
 ## Register the deployments of prefect.yaml with the server started by `make ui`.
 deploy: install

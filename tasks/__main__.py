@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import traceback
 
@@ -28,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
         summary = run(args.stage, args.params)
     except Exception as e:  # every error ends as one line and its exit code (README: exit codes)
         code, line = describe(e)
+        if args.params != "params.yaml":  # the hint to run an input stage names the same params file
+            line = re.sub(r"`python -m tasks (\S+)`", rf"`python -m tasks \1 --params {args.params}`", line)
         if args.verbose:
             traceback.print_exc()
         print(line, file=sys.stderr)

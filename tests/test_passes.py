@@ -150,6 +150,12 @@ def test_a_stage_refuses_an_input_stage_that_did_not_complete(tmp_path):
         f"unfinished input: stage 'filter' needs stage 'extract' completed "
         f"({tmp_path / 'data/extract/stats.json'} missing): run `python -m tasks extract` first"]
     assert not (tmp_path / "data/filter/shards").exists() or not any((tmp_path / "data/filter/shards").iterdir())
+    # run on another params file, the hint names it
+    (tmp_path / "other.yaml").write_text((tmp_path / "params.yaml").read_text())
+    out = subprocess.run([sys.executable, "-m", "tasks", "filter", "--params", "other.yaml"], cwd=tmp_path,
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 4 and out.stderr.strip().endswith(
+        "run `python -m tasks extract --params other.yaml` first"), out.stderr
 
 
 def test_an_unvalidated_stage_is_not_an_input_and_a_refused_run_keeps_the_last_completion(small_params):

@@ -167,10 +167,8 @@ def test_ui_quick_run_shows_summary_plots_and_data_docs(server, tmp_path):
     sync_playwright = _chromium()
     docs_port = free_port()
     repo = copy_project(tmp_path, paths={"docs_url": f"http://127.0.0.1:{docs_port}"})
-    (repo / "data/docs").mkdir(parents=True, exist_ok=True)
-    docs = subprocess.Popen([sys.executable, "-m", "http.server", str(docs_port), "--bind", "127.0.0.1",
-                             "--directory", str(repo / "data/docs")], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    docs = subprocess.Popen([sys.executable, "-m", "flows.docs_server", "--params", "params.yaml"], cwd=repo,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     prefect, ui = str(BIN / "prefect"), server["PREFECT_UI_URL"]
     try:
         run([prefect, "work-pool", "create", "local-process", "--type", "process", "--overwrite"], repo, server)

@@ -30,7 +30,7 @@ class PathsParams(Strict):
     )
     docs_url: str = Field(
         "http://127.0.0.1:4201", pattern=r"^https?://[^\s]+$",
-        description="Where `make docs` (and `make ui`) serve the docs folder under data_dir: the Data Docs link in artifacts.",
+        description="The Data Docs link in artifacts; `make docs` and `make ui` serve the docs folder under data_dir at its port (flows.docs_server).",
     )
 
 
