@@ -12,7 +12,7 @@ from flows.plots import data_uri, stage_plots
 from tasks.core.config import PipelineParams
 from tasks.validation import ValidationReport
 
-_SKIP = {"stage", "passes", "dropped", "extra", "tasks", "validation", "failed_shards", "fewshot_k"}
+_SKIP = {"stage", "passes", "dropped", "extra", "tasks", "validation", "failed_shards", "fewshot_k", "warnings"}
 
 
 def _cell(v) -> str:
@@ -35,6 +35,7 @@ def stats_markdown(stats: dict, report: ValidationReport | None, p: PipelinePara
     lines = [f"## Stage `{stage}`", ""]
     if failure:
         lines += [f"**Failed:** {failure}", ""]
+    lines += [f"**Warning:** {_cell(w)}" + "  " for w in stats.get("warnings", [])] + [""] * bool(stats.get("warnings"))
     lines += ["| metric | value |", "|---|---|"]
     lines += [f"| {k.replace('_', ' ')} | {_cell(v)} |" for k, v in sorted(stats.items())
               if k not in _SKIP and not isinstance(v, (dict, list))]

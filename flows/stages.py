@@ -83,6 +83,8 @@ def run_stage_flow(stage: str, p: PipelineParams) -> dict:
     artifact = publish(stats, report, p)
     counts = {k: stats[k] for k in ("docs_in", "docs_out", "dropped") if k in stats}  # document stages only
     log.info("%s: %s", stage, json.dumps(counts) if counts else f"done in {stats.get('wall_seconds')} s")
+    for line in stats.get("warnings", []):
+        log.warning("%s: %s", stage, line)
     return {**stats, "artifact": str(artifact)}
 
 

@@ -38,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C: finished shards stay done, the rest is redone by the next run
         print(f"interrupted: stage '{args.stage}' stopped; rerun it to resume", file=sys.stderr)
         return 130
+    for line in summary.pop("warnings", []):
+        print(f"warning: {line}", file=sys.stderr)
     print(json.dumps(summary, sort_keys=True))
     return 0
 
@@ -55,7 +57,7 @@ def run(stage: str, params_file: str) -> dict:
     with stage_lock(params, stage):
         stats = run_stage(stage, params, validation_follows=True)
         report = validate_stage(stage, params)
-    summary = {k: stats[k] for k in ("stage", "shards", "docs_in", "docs_out", "dropped") if k in stats}
+    summary = {k: stats[k] for k in ("stage", "shards", "docs_in", "docs_out", "dropped", "warnings") if k in stats}
     if report is not None:
         summary["validation"] = {"batches": report.batches, "docs": report.docs}
     return summary

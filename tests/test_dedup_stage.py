@@ -71,6 +71,7 @@ def test_priority_exact_first_aside_and_matrix(tmp_path):
     assert d["removed_in_favour_of"] == {"CC": {"Wiki": 1, "Books": 1}, "Misc": {"Books": 1}}
     assert d["datasets"]["CC"] == {"docs": 3, "exact_removed": 1, "fuzzy_removed": 1}
     assert stats["dropped"] == {"exact_duplicate": 1, "fuzzy_duplicate": 2}
+    assert "warnings" not in stats
     assert "Wiki/0" in kept and "CC/2" in kept
 
 
@@ -79,9 +80,12 @@ def test_ties_keep_the_smallest_id_and_the_result_does_not_depend_on_shard_order
     text = prose(rng)
     a = [doc(5, text, "CC"), doc(1, prose(rng), "CC")]
     b = [doc(3, edit(rng, text, 1), "CC")]
-    _, kept, aside = run(tmp_path / "one", [a, b])
+    stats, kept, aside = run(tmp_path / "one", [a, b])
     _, kept2, aside2 = run(tmp_path / "two", [b, a])
     assert set(aside) == set(aside2) == {"CC/5"} and aside["CC/5"]["duplicate_of"] == "CC/3"
+    # the priority names datasets these documents do not have: said, not refused (a shared params file)
+    assert stats["warnings"] == [f"dedup.priority names {n!r}, not a dataset of the input (CC): it ranks nothing"
+                                 for n in ("Wiki", "Books")]
     assert set(kept) == set(kept2)
 
 

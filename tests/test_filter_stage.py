@@ -52,6 +52,7 @@ def test_sample_filtered_reported_and_reproducible(extracted, tmp_path):
     assert all(r["reason"] for r in aside.values())
     assert all(r["score"] is not None for r in aside.values() if r["reason"] == "classifier")
     report = stats["filter"]["datasets"]
+    assert "warnings" not in stats  # params.yaml's exempt names StackExchange, which the sample has
     assert sum(r["docs"] for r in report.values()) == len(src)
     assert report["common-crawl"]["dropped"]["language"] >= 1
     assert stats["classifier"] == "trained" and 0.5 <= stats["classifier_auc"] <= 1
@@ -87,7 +88,10 @@ def test_sample_filtered_reported_and_reproducible(extracted, tmp_path):
 def test_suite_fails_a_classifier_that_keeps_everything(extracted, tmp_path):
     data = copy(extracted, tmp_path, "d")
     p = params(extracted, data, alpha=0.001, max_kept=0.99, min_scored_docs=1)  # pareto(0.001) is astronomically large: all kept
-    run_stage("filter", p)
+    p.filter.exempt["Stack Exchange"] = ["c4"]  # misspelt: said in stats.json's warnings
+    stats = run_stage("filter", p)
+    assert stats["warnings"] == ["filter.exempt names 'Stack Exchange', not a dataset of the input (StackExchange, "
+                                 "Wikipedia (en), common-crawl): no document skips a rule for it"]
     with pytest.raises(ExpectationFailed, match="kept_fraction_out_of_bounds"):
         validate_stage("filter", p)
 

@@ -152,6 +152,8 @@ def run_stage(name: str, p: PipelineParams, map_shards: MapShards = map_sequenti
     stats["wall_seconds"] = round(time.perf_counter() - start, 3)
     if st.report is not None:  # stage-specific summary computed from the merged totals
         stats.update(st.report(stats))
+    if st.warnings is not None and (warnings := st.warnings(stats, p)):
+        stats["warnings"] = warnings
     if st.plot_files is not None:
         for rel, text in st.plot_files(stats).items():
             atomic_write_text(root / rel, text)

@@ -141,6 +141,14 @@ def fixed(name: str | None) -> Callable[[PipelineParams], str | None]:
     return lambda p: name
 
 
+def absent_datasets(key: str, names, present, effect: str) -> list[str]:
+    """Stage.warnings lines for the dataset names a parameter gives that no document has: a misspelt
+    name otherwise changes nothing, silently (one shared params file may name more datasets than a run has)."""
+    absent = [n for n in names if n not in present]
+    return [f"{key} names {n!r}, not a dataset of the input ({', '.join(sorted(present)) or 'none'}): {effect}"
+            for n in absent]
+
+
 @dataclass(frozen=True)
 class Stage:
     name: str
@@ -161,6 +169,9 @@ class Stage:
     # refusals that need no output of this stage (a profile that cannot run, a bad task file): run
     # before the stage's last completion is removed, so a refused run leaves it as it was
     check: Callable[[PipelineParams, Context], None] | None = None
+    # what the finished run suggests is a mistake without being wrong (a parameter naming a dataset the
+    # data does not have): stats.json `warnings`, printed by the CLI, logged and shown by the flows
+    warnings: Callable[[dict, PipelineParams], list[str]] | None = None
 
     def __post_init__(self):
         names = [p.name for p in self.passes]

@@ -12,7 +12,7 @@ duplicate groups, each keeping its document from the highest-priority dataset. S
 from __future__ import annotations
 
 from tasks.core.config import PipelineParams
-from tasks.core.stage import GlobalPass, ShardedPass, Stage
+from tasks.core.stage import GlobalPass, ShardedPass, Stage, absent_datasets
 from tasks.decontaminate.ngram_index import HASH_VERSION
 from tasks.dedup.exact import build_exact
 from tasks.dedup.graph import bucket_shard, build_components, plan_buckets
@@ -42,6 +42,11 @@ def component_params(p: PipelineParams) -> dict:
     return {"verify": d.verify, "threshold": d.threshold, "max_centers": d.max_centers}
 
 
+def warnings(stats: dict, p: PipelineParams) -> list[str]:
+    return absent_datasets("dedup.priority", p.dedup.priority, stats.get("dedup", {}).get("datasets", {}),
+                           "it ranks nothing")
+
+
 STAGE = Stage(
     name=NAME, section="dedup", input=lambda p: p.dedup.input_stage,
     doc="Exact then fuzzy (MinHash LSH, connected components) dedup across datasets, keeping the highest-priority copy.",
@@ -55,4 +60,5 @@ STAGE = Stage(
         ShardedPass("remove", plan=plan_remove, process=remove_shard, params=lambda p: {"batch_docs": p.dedup.batch_docs}),
     ),
     suite="tasks.validation.dedup",
+    warnings=warnings,
 )

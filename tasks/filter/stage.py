@@ -3,7 +3,7 @@ Passes and what each writes: tasks.filter.passes."""
 from __future__ import annotations
 
 from tasks.core.config import PipelineParams
-from tasks.core.stage import GlobalPass, ShardedPass, Stage
+from tasks.core.stage import GlobalPass, ShardedPass, Stage, absent_datasets
 from tasks.filter.passes import (BINS, aside_shard, build_classifier, classifier_inputs, keep_shard, plan_outputs,
                                  plan_rules, plan_scores, rules_shard, score_shard)
 from tasks.filter.textstats import N_FIXED
@@ -55,6 +55,11 @@ def plot_files(stats: dict) -> dict[str, str]:
     return out
 
 
+def warnings(stats: dict, p: PipelineParams) -> list[str]:
+    return absent_datasets("filter.exempt", p.filter.exempt, stats.get("filter", {}).get("datasets", {}),
+                           "no document skips a rule for it")
+
+
 STAGE = Stage(
     name=NAME, section="filter", input=lambda p: p.filter.input_stage,
     doc="Heuristic rules (language, Gopher quality and repetition, C4 lines), then GPT-3's quality classifier.",
@@ -69,4 +74,5 @@ STAGE = Stage(
     suite="tasks.validation.filter",
     report=report,
     plot_files=plot_files,
+    warnings=warnings,
 )
