@@ -101,6 +101,7 @@ def test_no_positives_or_negatives_is_a_clear_error(extracted, tmp_path):
     with pytest.raises(ConfigError, match=r"filter.classifier.positives: 'Books3' is not a dataset of the data "
                                           r"\(datasets present: StackExchange, Wikipedia \(en\), common-crawl\)"):
         run_stage("filter", params(extracted, data, positives=["Wikipedia (en)", "Books3"]))  # a typo among good names
+    assert not (data / "filter").exists(), "refused before the rules pass"
     with pytest.raises(ConfigError, match="filter.classifier.negatives: 'Pile-CC' is not a dataset"):
         run_stage("filter", params(extracted, data, negatives=["Pile-CC"]))
     raw = params(extracted, data).model_dump(mode="json")

@@ -54,6 +54,26 @@ def rules_shard(shard: Shard, tmp: Path, p: PipelineParams, ctx: Context) -> Sha
     return st
 
 
+def _present(seen) -> str:
+    return f"(datasets present: {', '.join(sorted(seen)) or 'none'})"
+
+
+def check_classifier_names(p: PipelineParams, ctx: Context) -> None:
+    """The stage's declared check: every dataset named to train the classifier on is in the input (a
+    misspelt name would silently train on the others), refused before the rules pass, not after it.
+    Reads the `dataset` column only (dictionary-encoded: small)."""
+    c = p.filter.classifier
+    if not c.enabled or c.model_path:
+        return
+    seen: set[str] = set()
+    for f in input_files(ctx):
+        seen.update(v for v in pc.unique(pq.read_table(f, columns=["dataset"]).column("dataset")).to_pylist() if v)
+    for key, names in (("positives", c.positives), ("negatives", c.negatives)):
+        absent = [n for n in names if n not in seen]
+        if absent:
+            raise ConfigError(f"filter.classifier.{key}: {absent[0]!r} is not a dataset of the data {_present(seen)}")
+
+
 def _ruled(ctx: Context) -> list[Path]:
     return sorted((ctx.pass_dir("rules") / "shards").glob("*.parquet"))
 
@@ -73,17 +93,12 @@ def _training_docs(p: PipelineParams, ctx: Context) -> dict[str, list[str]]:
             cls = "pos" if ds[i] in c.positives and not reason[i] else "neg" if ds[i] in c.negatives else None
             if cls:
                 picks[cls].append((rank[i], ids[i], bool(held[i])))
-    present = f"(datasets present: {', '.join(sorted(seen)) or 'none'})"
-    for key, names in (("positives", c.positives), ("negatives", c.negatives)):
-        absent = [n for n in names if n not in seen]
-        if absent:  # a misspelt name would silently train on the others
-            raise ConfigError(f"filter.classifier.{key}: {absent[0]!r} is not a dataset of the data {present}")
     for cls, names in (("pos", c.positives), ("neg", c.negatives)):
         if not picks[cls]:
             raise ConfigError(f"filter.classifier: no {'positive' if cls == 'pos' else 'negative'} documents: "
                               f"{', '.join(names) or '(none listed)'} "
                               + ("are all dropped by the rules (their reasons: the rules pass's `dropped` in stats.json)"
-                                 if names else f"{present}"))
+                                 if names else _present(seen)))
     chosen = {}
     for cls in picks:
         for _, i, h in sorted(picks[cls])[:c.max_train_docs]:

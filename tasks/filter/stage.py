@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from tasks.core.config import PipelineParams
 from tasks.core.stage import GlobalPass, ShardedPass, Stage, absent_datasets
-from tasks.filter.passes import (BINS, aside_shard, build_classifier, classifier_inputs, keep_shard, plan_outputs,
-                                 plan_rules, plan_scores, rules_shard, score_shard)
+from tasks.filter.passes import (BINS, aside_shard, build_classifier, check_classifier_names, classifier_inputs,
+                                 keep_shard, plan_outputs, plan_rules, plan_scores, rules_shard, score_shard)
 from tasks.filter.textstats import N_FIXED
 
 NAME = "filter"
@@ -75,4 +75,5 @@ STAGE = Stage(
     report=report,
     plot_files=plot_files,
     warnings=warnings,
+    check=check_classifier_names,
 )
