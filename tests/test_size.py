@@ -2,6 +2,8 @@
 at tp 8 x pp 35 x dp 8 fits an 80 GB GPU."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 
@@ -13,6 +15,17 @@ from trainer.size import main, model_of, parameters, report, size
 PROFILES = load_params(REPO / "params.yaml").train.profiles
 
 
+def gpt2_shaped_files(folder) -> tuple[str, str]:
+    """A vocab.json + merges.txt of GPT-2's size: 256 byte symbols, 50,000 merges, <|endoftext|>."""
+    from tokenizers import pre_tokenizers
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    pairs = [(a, b) for a in alphabet for b in alphabet][:50_000]
+    vocab = {t: i for i, t in enumerate(alphabet + [a + b for a, b in pairs] + ["<|endoftext|>"])}
+    (folder / "vocab.json").write_text(json.dumps(vocab))
+    (folder / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in pairs))
+    return str(folder / "vocab.json"), str(folder / "merges.txt")
+
+
 def test_mtnlg_530b_is_530b_parameters_and_fits_an_80gb_gpu(capsys, tmp_path):
     recipe = PROFILES["mt-nlg-530b"]
     m = model_of(recipe)
@@ -22,11 +35,16 @@ def test_mtnlg_530b_is_530b_parameters_and_fits_an_80gb_gpu(capsys, tmp_path):
     assert r["gpus"] == 2240 and 10 < r["total_gib"] < 80
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     raw["paths"]["data_dir"] = str(tmp_path / "data")
-    raw["tokenize"]["tokenizer_file"] = "gpt2/vocab.json"  # no blend yet: GPT-2's vocabulary, as MT-NLG
-    raw["tokenize"]["merges_file"] = "gpt2/merges.txt"
+    # no blend yet: sized with the vocabulary of the tokenizer file named (GPT-2's shape, as MT-NLG's)
+    raw["tokenize"]["tokenizer_file"], raw["tokenize"]["merges_file"] = gpt2_shaped_files(tmp_path)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     assert main(["mt-nlg-530b", str(tmp_path / "params.yaml")]) == 0
     assert "529.6B parameters" in capsys.readouterr().out
+    raw["tokenize"]["tokenizer_file"] = str(tmp_path / "missing.json")
+    raw["tokenize"]["merges_file"] = ""
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    assert main(["mt-nlg-530b", str(tmp_path / "params.yaml")]) == 2
+    assert f"cannot load tokenizer from {tmp_path / 'missing.json'}" in capsys.readouterr().err
 
 
 def test_mtnlg_recipe_is_the_papers():

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import sys
+from pathlib import Path
 
 from trainer.config import ModelParams, ParallelParams, Recipe, padded_vocab, plan
 
@@ -77,7 +78,8 @@ def report(name: str, recipe: Recipe, vocab: int = GPT2_VOCAB, seq_len: int | No
 
 def data_shape(params) -> tuple[int, int, str]:
     """(vocabulary, context length, whence) as the train stage sizes its profiles: the finished blend's
-    (data/tokenize), else params.yaml's tokenize section (a trained tokenizer's vocab_size, or GPT-2's)."""
+    (data/tokenize), else params.yaml's tokenize section: a trained tokenizer's vocab_size, or the size
+    of the tokenizer file it names (as the tokenizer pass reports it)."""
     from tasks.core.stage import Context
     from tasks.train.stage import blend_facts
     try:
@@ -86,7 +88,11 @@ def data_shape(params) -> tuple[int, int, str]:
         return vocab, facts["seq_length"], f"the blend in {params.paths.data_dir}/{blend}"
     except (OSError, KeyError, ValueError):
         t = params.tokenize
-        return (GPT2_VOCAB if t.tokenizer_file else t.vocab_size), t.seq_length, "params.yaml: no finished blend"
+        if not t.tokenizer_file:
+            return t.vocab_size, t.seq_length, "params.yaml: no finished blend"
+        from tasks.tokenize import tokenizer
+        tok = tokenizer.load(Path(t.tokenizer_file), Path(t.merges_file) if t.merges_file else None)
+        return tok.get_vocab_size(), t.seq_length, f"params.yaml: no finished blend; {t.tokenizer_file}"
 
 
 def main(argv: list[str]) -> int:
