@@ -164,7 +164,17 @@ def run_suite(stage: str, expectations: list, batches: Iterator[Batch],
 
 
 def write_index(docs_dir: Path, stage: str, report: ValidationReport) -> None:
-    """Record this stage's outcome beside its site and rewrite the index of every stage's report."""
+    """Record this stage's outcome beside its site and rewrite the index of every stage's report.
+    Under a lock: two stages validating at once would each list the summaries before the other's was
+    written, and the last index written would miss a row."""
+    import fcntl
+
+    with open(docs_dir / ".index.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _write_index(docs_dir, stage, report)
+
+
+def _write_index(docs_dir: Path, stage: str, report: ValidationReport) -> None:
     import html
     import json
     import time
