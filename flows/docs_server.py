@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 from tasks.core.config import PipelineParams, load_params
 from tasks.core.errors import ConfigError, describe
+from tasks.validation.runner import refresh_index
 
 
 def docs_address(p: PipelineParams) -> tuple[Path, int]:
@@ -32,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         folder, port = docs_address(load_params(args.params))
-        folder.mkdir(parents=True, exist_ok=True)
+        refresh_index(folder)  # sites DVC restored (run cache, checkout) had no validation to list them
         handler = functools.partial(SimpleHTTPRequestHandler, directory=str(folder))
         server = ThreadingHTTPServer(("127.0.0.1", port), handler)
     except Exception as e:  # a taken port or a bad params file: one line (README: exit codes)

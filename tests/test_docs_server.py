@@ -1,7 +1,8 @@
 """`make docs` / `make ui` serve Data Docs from params.yaml's paths (flows.docs_server): the folder under
-data_dir at the port of docs_url, which is what the artifacts link to."""
+data_dir at the port of docs_url, which is what the artifacts link to, its index listing every stage's site."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -23,14 +24,17 @@ def start(tmp_path, docs_url: str) -> subprocess.Popen:
 
 def test_docs_are_served_from_the_data_dir_at_the_port_of_docs_url(tmp_path):
     port = free_port()
-    (tmp_path / "elsewhere/docs").mkdir(parents=True)
-    (tmp_path / "elsewhere/docs/index.html").write_text("<h1>stages</h1>")
+    # a site DVC restored: its summary, no index listing it yet
+    (tmp_path / "elsewhere/docs/dedup").mkdir(parents=True)
+    (tmp_path / "elsewhere/docs/dedup/summary.json").write_text(json.dumps(
+        {"stage": "dedup", "success": True, "expectations": 9, "batches": 1, "failures": 0, "validated_at": "then"}))
     proc = start(tmp_path, f"http://127.0.0.1:{port}/")
     try:
         line = proc.stdout.readline()  # printed once the socket listens
         assert line.startswith(f"Data Docs: http://127.0.0.1:{port}/index.html"), (line, proc.stderr.read())
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/index.html", timeout=30) as r:
-            assert r.read() == b"<h1>stages</h1>"
+            page = r.read().decode()
+        assert '<a href="dedup/index.html">dedup</a></td><td>passed</td><td>9</td>' in page
         taken = start(tmp_path / "elsewhere", f"http://127.0.0.1:{port}")  # the port is in use now
         assert taken.wait(timeout=120) == 1 and "Address already in use" in taken.stderr.read()
     finally:

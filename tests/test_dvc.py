@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -47,9 +48,19 @@ def test_repro_then_noop_then_only_changed_stages(tmp_path):
     # joins more near-duplicates (1 -> 5 removed on this sample): its output changes, and everything after
     # it reruns, nothing before it (a change at the root, e.g. download.n_files, or later, e.g.
     # tokenize.seq_length, is the same propagation)
+    first = yaml.safe_load((repo / "params.yaml").read_text())["dedup"]["threshold"]
     set_param(repo, "dedup", "threshold", 0.5)
     assert ran(dvc(repo, "repro")) == ["dedup", "decontaminate", "tokenize", "train", "evaluate"]
     metrics = dvc(repo, "metrics", "show")
     assert "data/extract/stats.json" in metrics and "data/dedup/stats.json" in metrics and "docs_out" in metrics
     assert "accuracy.boolq.zero-shot" in metrics  # the evaluation's Figure-3 numbers
+
+    # back to the first threshold with the Data Docs gone: every stage comes back from DVC's run cache,
+    # and each stage's Data Docs site with it
+    shutil.rmtree(repo / "data/docs")
+    set_param(repo, "dedup", "threshold", first)
+    log = dvc(repo, "repro")
+    assert ran(log) == [] and "Stage 'dedup' is cached - skipping run" in log, log
+    for stage in ("download", "dedup", "evaluate"):
+        assert (repo / f"data/docs/{stage}/index.html").is_file() and (repo / f"data/docs/{stage}/summary.json").is_file()
 

@@ -30,6 +30,7 @@ def test_every_stage_is_declared_and_has_a_dvc_stage_a_flow_and_a_suite():
         assert d["cmd"] == f"python -m tasks {st.name}"
         assert st.section in d["params"]
         assert str(st.outputs("data")) in d["outs"]
+        assert (f"data/docs/{st.name}" in d["outs"]) == (st.suite is not None)  # restored with the outputs
         assert f"tasks/{st.name}" in d["deps"]
         metrics = [next(iter(m)) for m in d.get("metrics", [])]
         assert f"data/{st.name}/stats.json" in metrics

@@ -164,27 +164,37 @@ def run_suite(stage: str, expectations: list, batches: Iterator[Batch],
 
 
 def write_index(docs_dir: Path, stage: str, report: ValidationReport) -> None:
-    """Record this stage's outcome beside its site and rewrite the index of every stage's report.
-    Under a lock: two stages validating at once would each list the summaries before the other's was
-    written, and the last index written would miss a row."""
-    import fcntl
-
-    with open(docs_dir / ".index.lock", "a+") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        _write_index(docs_dir, stage, report)
-
-
-def _write_index(docs_dir: Path, stage: str, report: ValidationReport) -> None:
-    import html
+    """Record this stage's outcome beside its site and rewrite the index of every stage's report."""
     import json
     import time
 
     from tasks.core.passes import atomic_write_text
-    from tasks.core.registry import PIPELINE
 
     atomic_write_text(docs_dir / stage / "summary.json", json.dumps({
         "stage": stage, "success": report.success, "expectations": report.expectations, "batches": report.batches,
         "failures": len(report.failures), "validated_at": time.strftime("%Y-%m-%d %H:%M:%S %Z")}, sort_keys=True) + "\n")
+    refresh_index(docs_dir)
+
+
+def refresh_index(docs_dir: Path) -> None:
+    """Rewrite docs_dir/index.html from the stages' summary.json files (also when sites were restored by
+    DVC without a validation: the docs server calls it as it starts). Under a lock: two stages validating
+    at once each listed the summaries before the other's was written, and the index written last missed a row."""
+    import fcntl
+
+    docs_dir.mkdir(parents=True, exist_ok=True)
+    with open(docs_dir / ".index.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _write_index(docs_dir)
+
+
+def _write_index(docs_dir: Path) -> None:
+    import html
+    import json
+
+    from tasks.core.passes import atomic_write_text
+    from tasks.core.registry import PIPELINE
+
     rows = []
     for name in PIPELINE:
         f = docs_dir / name / "summary.json"
