@@ -192,6 +192,11 @@ def test_a_stage_refuses_an_input_shard_missing_altered_or_foreign(extracted, tm
              (lambda: (tmp_path / "aside.parquet").rename(first), None),
              (lambda: first.write_bytes(whole[:-100]), f"input shard {first} has .* bytes, stage 'extract' wrote"),
              (lambda: first.write_bytes(whole), None),
+             # same size, 64 bytes flipped mid-file (a disk error): the decoder fails, and the shard is named
+             (lambda: first.write_bytes(whole[:len(whole) // 2] + bytes(b ^ 0xFF for b in whole[len(whole) // 2:][:64])
+                                        + whole[len(whole) // 2 + 64:]),
+              f"input shard {first} changed since stage 'extract' wrote it \\(same size, other bytes"),
+             (lambda: first.write_bytes(whole), None),
              (lambda: (shards / "junk.parquet").write_bytes(b"PAR1"), "junk.parquet was not written by stage 'extract'")]
     for change, message in cases:
         change()

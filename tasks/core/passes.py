@@ -217,10 +217,15 @@ def _read_marker(marker: Path) -> dict | None:
         return None
 
 
-def written_outputs(layout: PassLayout) -> dict[str, int]:
-    """Output file name -> bytes, as the pass's completion markers recorded them (failed shards have none)."""
+def written_records(layout: PassLayout) -> dict[str, dict]:
+    """Output file name -> its completion marker (bytes, sha256, ...); failed shards have none."""
     records = (_read_marker(m) for m in layout.completions.glob("*.json") if not m.name.startswith(".tmp-"))
-    return {r["output"]: r["bytes"] for r in records if r is not None}
+    return {r["output"]: r for r in records if r is not None}
+
+
+def written_outputs(layout: PassLayout) -> dict[str, int]:
+    """Output file name -> bytes, as the pass's completion markers recorded them."""
+    return {name: r["bytes"] for name, r in written_records(layout).items()}
 
 
 def finished_stats(pass_root: Path, shard_name: str) -> dict:

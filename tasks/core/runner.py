@@ -16,10 +16,11 @@ from typing import Callable, Iterator
 
 from tasks.core import registry
 from tasks.core.config import PipelineParams
-from tasks.core.errors import StageBusy, StageFailed, UnfinishedInput
+from tasks.core.errors import PipelineError, StageBusy, StageFailed, UnfinishedInput
 from tasks.core.passes import (PassLayout, Shard, atomic_write_text, digest, input_stat, merge_stats, prune,
                                remove_leftovers, run_global, run_shard, shards_digest)
-from tasks.core.stage import Context, GlobalPass, ShardedPass, Stage, check_input_shards
+from tasks.core.stage import (Context, GlobalPass, ShardedPass, Stage, changed_input, check_input_shards,
+                              input_shard_files)
 
 MapShards = Callable[[str, str, PipelineParams, list[Shard], Context], list[dict]]
 
@@ -29,7 +30,23 @@ def process_shard(stage: str, pass_name: str, p: PipelineParams, shard: Shard, c
     st = registry.stage(stage)
     ps = st.pass_named(pass_name)
     layout = PassLayout(st.pass_root(p.paths.data_dir, ps))
-    return run_shard(layout, shard, lambda s, tmp: ps.process(s, tmp, p, ctx), ps.params(p), ctx.upstream())
+    with naming_changed_input(ctx, lambda: shard.inputs):
+        return run_shard(layout, shard, lambda s, tmp: ps.process(s, tmp, p, ctx), ps.params(p), ctx.upstream())
+
+
+@contextlib.contextmanager
+def naming_changed_input(ctx: Context, files: Callable[[], list]) -> Iterator[None]:
+    """A pass that fails on an input shard whose bytes changed since it was written fails with that
+    shard named (exit 4) instead of the decoder's message (`ZSTD decompression failed`)."""
+    try:
+        yield
+    except PipelineError:  # already names its cause
+        raise
+    except Exception as e:
+        changed = changed_input(ctx, files())
+        if changed is not None:
+            raise changed from e
+        raise
 
 
 def map_sequential(stage: str, pass_name: str, p: PipelineParams, shards: list[Shard], ctx: Context) -> list[dict]:
@@ -104,7 +121,8 @@ def _run_global(st: Stage, ps: GlobalPass, p: PipelineParams, ctx: Context):
     out = st.pass_root(p.paths.data_dir, ps)
     inputs = ps.inputs(p, ctx)
     fp = digest([ps.params(p), inputs, input_stat(inputs), ctx.upstream()])
-    res = run_global(out, out.with_name(f"{out.name}.done.json"), lambda tmp: ps.build(tmp, p, ctx), fp)
+    with naming_changed_input(ctx, lambda: input_shard_files(ctx)):
+        res = run_global(out, out.with_name(f"{out.name}.done.json"), lambda tmp: ps.build(tmp, p, ctx), fp)
     summary = {"kind": "global", "resumed": res["resumed"], "redone_corrupt": res.get("redone_corrupt", 0)}
     return res["report"], res["digest"], summary
 

@@ -95,6 +95,27 @@ def check_input_shards(ctx: "Context") -> None:
                                   f"'{ctx.input_stage}' wrote {written[name]}: {rerun}")
 
 
+def changed_input(ctx: "Context", files) -> Exception | None:
+    """After a pass failed: the first of `files` in the input stage's output whose bytes are not those
+    its completion marker recorded, as the error to raise instead. check_input_shards compares sizes
+    only (hashing every input on every run costs a read of it all); a same-size change, e.g. a disk
+    error, surfaces as a decoder error naming no file, so the files are hashed then, and only then."""
+    from tasks.core.errors import UnfinishedInput
+    from tasks.core.passes import PassLayout, file_sha256, written_records
+
+    folder = ctx.input_shards
+    if ctx.input_stage is None or not (folder.parent / "completions").is_dir():
+        return None
+    records = written_records(PassLayout(folder.parent))
+    for f in sorted({Path(f) for f in files}):
+        r = records.get(f.name)
+        if f.parent == folder and r is not None and f.is_file() and file_sha256(f) != r["sha256"]:
+            return UnfinishedInput(f"stage '{ctx.stage}': input shard {f} changed since stage '{ctx.input_stage}' "
+                                   f"wrote it (same size, other bytes than its completion marker records): "
+                                   f"rerun `python -m tasks {ctx.input_stage}`")
+    return None
+
+
 def input_files(ctx: "Context") -> list[Path]:
     """The input stage's Parquet shards, in name order (the order every global index follows)."""
     return [f for f in input_shard_files(ctx) if f.suffix == ".parquet"]
