@@ -71,6 +71,15 @@ def test_c4_removes_boilerplate_lines_and_keeps_the_page():
     assert text.endswith("See the survey notes.") and ARTICLE.split("\n\n")[0] in text
 
 
+def test_sentences_are_counted_as_spacys_sentencizer_counts_them():
+    from tasks.filter.c4 import count_sentences
+    cases = {"Mr. Smith went to Washington. He arrived at 5 p.m. today.": 2,  # abbreviations end nothing
+             "I mean... it was nothing.": 1, "It costs.So we walked home.": 2,  # no space after the period
+             "\u201cHi!\u201d she said. \u201cCome in.\u201d": 3, "Ends here. And then some words": 2,
+             "Trailing words without an end": 1, "Wait . What ?! Really": 3, "J. R. R. Tolkien wrote it.": 1}
+    assert {line: count_sentences(line) for line in cases} == cases
+
+
 def test_exemptions_are_per_dataset():
     code = ARTICLE + "\n\nIn Python you would write d = {'a': 1} and then print the keys of the dict."
     got, _ = run([{"text": code, "dataset": "StackExchange"}, {"text": code, "dataset": "common-crawl"}])
@@ -93,19 +102,50 @@ def test_bad_inputs_never_crash():
 
 # ---- the compiled statistics against the formulas, computed the plain way ----
 
+CONTRACTIONS = ("'s", "'m", "'d", "'ll", "'re", "'ve", "n't")
+
+
 def tokens(text: str) -> list[str]:
+    """spaCy-like tokens as textstats' doc describes them, with regular expressions."""
     punct = lambda ch: ts._is_punct.py_func(ord(ch))  # noqa: E731
+    letter = lambda ch: ts._is_alpha.py_func(ord(ch))  # noqa: E731
+    run = re.compile(r"\.{2,}|'{2,}|-{2,}")
     out = []
     for w in text.split():
-        a, b = 0, len(w)
-        while a < b and punct(w[a]):
-            a += 1
-        while b > a and punct(w[b - 1]):
-            b -= 1
-        if a == len(w):
-            out.append(w)
-            continue
-        out += [x for x in (w[:a], w[a:b], w[b:]) if x]
+        pre, suf = [], []
+        while w and punct(w[0]):
+            k = m.end() if (m := run.match(w)) else 1
+            pre.append(w[:k])
+            w = w[k:]
+        while w:
+            m = re.search(r"(\.{2,}|'{2,}|-{2,})$", w)
+            if m and m.start() > 0:
+                k = len(w) - m.start()
+            elif punct(w[-1]):
+                if w[-1] == "." and len(w) > 1 and ("." in w[:-1] or w[:-1].lower() in ts.TITLES):
+                    break
+                k = 1
+            else:
+                folded = w.lower().replace("\u2019", "'")
+                k = next((len(c) for c in CONTRACTIONS if folded.endswith(c) and len(w) > len(c)), 0)
+                if not k:
+                    break
+            suf.append(w[-k:])
+            w = w[:-k]
+        core, piece, i = [], "", 0
+        while i < len(w):
+            c = w[i]
+            k = 1 if c == "\u2026" else 0
+            if c in ".-" and i + 1 < len(w) and w[i + 1] == c:
+                k = len(re.match(r"\.+|-+", w[i:]).group())
+            elif c == "-" and 0 < i < len(w) - 1 and letter(w[i - 1]) and letter(w[i + 1]):
+                k = 1
+            if k:
+                core += [x for x in (piece, w[i:i + k]) if x]
+                piece, i = "", i + k
+            else:
+                piece, i = piece + c, i + 1
+        out += pre + core + ([piece] if piece else []) + suf[::-1]
     return out
 
 
@@ -143,7 +183,9 @@ def repeated(words: list[str], n: int) -> int:
 def test_compiled_statistics_match_the_plain_formulas(seed):
     rng = random.Random(seed)
     pieces = [" ".join(paragraphs(rng, "cooking", 1)), "Home", "- item one", "\u2022 item two...", "Caf\u00e9 cr\u00e8me \u2026",
-              "#hashtag ... end", "the the the of of", "\u00a0indented line", ""]
+              "#hashtag ... end", "the the the of of", "\u00a0indented line", "",
+              '"Don\'t," she said. \u201cI\u2019m sure...\u201d', "U.S. Mr. Smith's well-known costs--but (no).",
+              "''quoted'' ...and--then it's... \u2014 co. e.g. 3-4 re-enter! ?!", "they'll we've you're I'd Jones'"]
     texts = []
     for _ in range(20):
         parts = [rng.choice(pieces) for _ in range(rng.randint(1, 12))]

@@ -59,8 +59,9 @@ def _present(seen) -> str:
 
 
 def check_classifier_names(p: PipelineParams, ctx: Context) -> None:
-    """The stage's declared check: every dataset named to train the classifier on is in the input (a
-    misspelt name would silently train on the others), refused before the rules pass, not after it.
+    """The stage's declared check: a class of the classifier's training data none of whose datasets is
+    in the input is refused before the rules pass, not after it. Some names absent is allowed (one
+    params file for runs with and without a curated set): the stage's warnings name them.
     Reads the `dataset` column only (dictionary-encoded: small)."""
     c = p.filter.classifier
     if not c.enabled or c.model_path:
@@ -69,9 +70,9 @@ def check_classifier_names(p: PipelineParams, ctx: Context) -> None:
     for f in input_files(ctx):
         seen.update(v for v in pc.unique(pq.read_table(f, columns=["dataset"]).column("dataset")).to_pylist() if v)
     for key, names in (("positives", c.positives), ("negatives", c.negatives)):
-        absent = [n for n in names if n not in seen]
-        if absent:
-            raise ConfigError(f"filter.classifier.{key}: {absent[0]!r} is not a dataset of the data {_present(seen)}")
+        if names and not any(n in seen for n in names):
+            raise ConfigError(f"filter.classifier.{key}: none of {', '.join(map(repr, names))} is a dataset of the "
+                              f"data {_present(seen)}")
 
 
 def _ruled(ctx: Context) -> list[Path]:

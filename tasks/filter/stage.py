@@ -9,7 +9,7 @@ from tasks.filter.passes import (BINS, aside_shard, build_classifier, check_clas
 from tasks.filter.textstats import N_FIXED
 
 NAME = "filter"
-RULES_VERSION = 1  # part of the rules pass's fingerprint: change it when a rule's computation changes
+RULES_VERSION = 2  # part of the rules pass's fingerprint: change it when a rule's computation changes (2: spaCy-like tokens)
 
 
 def rule_params(p: PipelineParams) -> dict:
@@ -56,8 +56,13 @@ def plot_files(stats: dict) -> dict[str, str]:
 
 
 def warnings(stats: dict, p: PipelineParams) -> list[str]:
-    return absent_datasets("filter.exempt", p.filter.exempt, stats.get("filter", {}).get("datasets", {}),
-                           "no document skips a rule for it")
+    present, c = stats.get("filter", {}).get("datasets", {}), p.filter.classifier
+    trained = c.enabled and not c.model_path
+    return (absent_datasets("filter.exempt", p.filter.exempt, present, "no document skips a rule for it")
+            + absent_datasets("filter.classifier.positives", c.positives if trained else [], present,
+                              "the classifier trains on the others")
+            + absent_datasets("filter.classifier.negatives", c.negatives if trained else [], present,
+                              "the classifier trains on the others"))
 
 
 STAGE = Stage(
