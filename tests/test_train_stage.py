@@ -43,7 +43,7 @@ def test_train_stage_trains_checkpoints_exports_and_validates(blended):
     assert stats["steps"] == blend["samples"] // 4 and stats["tokens"] == stats["steps"] * 4 * 16
     assert stats["layout"] == {"tp": 1, "pp": 2, "dp": 1}
     assert stats["model"]["seq_len"] == 16 and stats["model"]["vocab_size"] == 1024  # 300, padded
-    assert stats["final_loss"] < stats["first_loss"]
+    assert stats["final_loss"] < stats["first_loss"] and "warnings" not in stats  # warmup 64 of 640+ tokens
     with (model / "metrics.csv").open(newline="") as f:
         rows = list(csv.DictReader(f))
     assert [int(r["step"]) for r in rows] == list(range(1, stats["steps"] + 1))
@@ -156,3 +156,12 @@ def test_a_blend_that_does_not_fit_the_model_stops_every_rank_with_one_line(blen
     with pytest.raises(LaunchFailed, match=message) as failed:
         launch(spec, timeout=300)
     assert failed.value.line.startswith("configuration error: ")
+
+
+def test_a_warmup_longer_than_the_run_is_a_warning(tmp_path):
+    from tasks.train.stage import STAGE
+    p = params(tmp_path, schedule={"train_tokens": 0, "warmup_tokens": 10_000})
+    assert STAGE.warnings({"tokens": 2_500}, p) == [
+        "train.profiles.sample.schedule.warmup_tokens (10,000) is more than the 2,500 tokens trained: the learning "
+        "rate rose to 25.0% of its peak and never decayed"]
+    assert STAGE.warnings({"tokens": 10_000}, p) == []

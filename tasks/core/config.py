@@ -187,7 +187,8 @@ def _format(err: ValidationError) -> str:
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "<root>"
         got = e.get("input")
-        got_s = "" if e["type"] == "missing" else f" (got {got!r})"
+        # a model's own check gets the whole section as its input: the message says what is wrong in it
+        got_s = "" if e["type"] == "missing" or isinstance(got, dict) else f" (got {got!r})"
         if e["type"] == "extra_forbidden":
             lines.append(f"{key}: unknown key")
         else:

@@ -47,7 +47,7 @@ class EvaluateParams(Strict):
         missing = [t for t in self.tasks if "few" in self.shots and t not in self.fewshot_k]
         if missing:
             raise ValueError(f"fewshot_k has no k for {', '.join(missing)}")
-        bad = [t for t, k in self.fewshot_k.items() if k < 1]
+        bad = [f"{t}: {k}" for t, k in self.fewshot_k.items() if k < 1]
         if bad:
             raise ValueError(f"fewshot_k must be >= 1 (got {', '.join(bad)})")
         return self

@@ -94,7 +94,10 @@ def check_run(p: PipelineParams, ctx: Context) -> tuple[dict, TrainParams, list[
     facts, vocab = blend_facts(ctx)
     seq = facts["seq_length"]
     cfg = train_params(p, seq, vocab)
-    plan(cfg.model, cfg.parallel, cfg.parallel.world_size)
+    try:
+        plan(cfg.model, cfg.parallel, cfg.parallel.world_size)
+    except ConfigError as e:  # name the profile, as sized_profiles does for the others
+        raise ConfigError(f"train.profiles.{p.train.profile}: {e}") from None
     sized = sized_profiles(p.train, vocab, seq)
     needed = samples_needed(cfg.schedule, cfg.parallel, seq)
     if needed > facts["samples"]:  # the loop would find out at the last step it can take
@@ -174,9 +177,18 @@ def _check(p: PipelineParams, ctx: Context) -> None:
     check_run(p, ctx)
 
 
+def warnings(stats: dict, p: PipelineParams) -> list[str]:
+    """A warmup longer than the run: Megatron allows it, and the learning rate never reaches its peak."""
+    warmup, trained = p.train.profiles[p.train.profile].schedule.warmup_tokens, stats.get("tokens")
+    if trained is None or warmup <= trained:
+        return []
+    return [f"train.profiles.{p.train.profile}.schedule.warmup_tokens ({warmup:,}) is more than the {trained:,} tokens "
+            f"trained: the learning rate rose to {trained / warmup:.1%} of its peak and never decayed"]
+
+
 STAGE = Stage(
     name=NAME, section="train", input=lambda p: p.train.input_stage,
     doc="A GPT trained with tensor, pipeline and data parallelism on the blend; checkpoint + HF export.",
     passes=(GlobalPass("model", build=build_model, params=lambda p: p.train.model_dump(exclude={"launch"}), inputs=_inputs),),
-    suite="tasks.validation.train", progress=progress, check=_check,
+    suite="tasks.validation.train", progress=progress, check=_check, warnings=warnings,
 )
