@@ -179,9 +179,9 @@ def test_the_stage_refuses_a_bad_task_file_before_its_last_results_are_removed(t
     from tasks.core.runner import run_stage
 
     p = parse_params({"paths": {"data_dir": str(tmp_path / "data"), "benchmarks_dir": str(tmp_path / "bench")}})
-    for stage in ("train", "evaluate"):
+    for stage, extra in (("train", ', "adopted": true'), ("evaluate", "")):  # a model made elsewhere
         (tmp_path / "data" / stage).mkdir(parents=True)
-        (tmp_path / "data" / stage / "stats.json").write_text(f'{{"stage": "{stage}"}}')
+        (tmp_path / "data" / stage / "stats.json").write_text(f'{{"stage": "{stage}"{extra}}}')
     (tmp_path / "bench").mkdir()
     with pytest.raises(TaskFileError, match="task 'lambada': file not found"):
         run_stage("evaluate", p)

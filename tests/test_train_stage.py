@@ -54,6 +54,13 @@ def test_train_stage_trains_checkpoints_exports_and_validates(blended):
     assert report.success
     again = run_stage("train", p)
     assert again["passes"][0]["resumed"] == 1, "same blend and params: nothing retrained"
+    # a checkpoint changed at the same size (a disk error) is not evaluated: evaluate names the file
+    shard = model / "checkpoint/stage-0.safetensors"
+    good = shard.read_bytes()
+    shard.write_bytes(good[:-64] + bytes(64))
+    with pytest.raises(UnfinishedInput, match=f"stage 'evaluate': {shard} changed since stage 'train' wrote it"):
+        run_stage("evaluate", p)
+    shard.write_bytes(good)
 
 
 def test_a_layout_that_does_not_fit_fails_before_launching(blended):

@@ -223,6 +223,20 @@ def written_records(layout: PassLayout) -> dict[str, dict]:
     return {r["output"]: r for r in records if r is not None}
 
 
+def global_output_change(out: Path, marker: Path) -> tuple[str, Path] | None:
+    """How a global pass's output differs from what its marker recorded, as (kind, path): "missing" (the
+    folder, its marker or one of its files), "added" (a file it did not write), "changed" (other bytes);
+    None when it does not."""
+    record = _read_marker(marker)
+    if not out.is_dir() or record is None:
+        return "missing", out if not out.is_dir() else marker
+    files, written = tree_files(out), record.get("files", {})
+    for rel in sorted(set(files) | set(written)):
+        if files.get(rel) != written.get(rel):
+            return ("missing" if rel not in files else "added" if rel not in written else "changed"), out / rel
+    return None
+
+
 def written_outputs(layout: PassLayout) -> dict[str, int]:
     """Output file name -> bytes, as the pass's completion markers recorded them."""
     return {name: r["bytes"] for name, r in written_records(layout).items()}

@@ -19,8 +19,8 @@ from tasks.core.config import PipelineParams
 from tasks.core.errors import PipelineError, StageBusy, StageFailed, UnfinishedInput
 from tasks.core.passes import (PassLayout, Shard, atomic_write_text, digest, input_stat, merge_stats, prune,
                                remove_leftovers, run_global, run_shard, shards_digest)
-from tasks.core.stage import (Context, GlobalPass, ShardedPass, Stage, changed_input, check_input_shards,
-                              input_shard_files)
+from tasks.core.stage import (Context, GlobalPass, ShardedPass, Stage, changed_input, check_input_passes,
+                              check_input_shards, input_shard_files)
 
 MapShards = Callable[[str, str, PipelineParams, list[Shard], Context], list[dict]]
 
@@ -140,6 +140,8 @@ def run_stage(name: str, p: PipelineParams, map_shards: MapShards = map_sequenti
         require_complete(p, input_stage, name)
         if isinstance(registry.stage(input_stage).output_pass(), ShardedPass):
             check_input_shards(before)  # a shard missing, changed, or not the input stage's
+        else:
+            check_input_passes(before, registry.stage(input_stage))
     if st.check is not None:
         st.check(p, before)
     root = Path(p.paths.data_dir) / name
