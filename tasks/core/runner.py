@@ -138,9 +138,9 @@ def run_stage(name: str, p: PipelineParams, map_shards: MapShards = map_sequenti
     # refusals come before anything of this stage changes: a refused run leaves it as it was
     if input_stage is not None:
         require_complete(p, input_stage, name)
-        if isinstance(registry.stage(input_stage).output_pass(), ShardedPass):
+        if not st.input_is_remote and isinstance(registry.stage(input_stage).output_pass(), ShardedPass):
             check_input_shards(before)  # a shard missing, changed, or not the input stage's
-        else:
+        elif not st.input_is_remote:
             check_input_passes(before, registry.stage(input_stage))
     if st.check is not None:
         st.check(p, before)

@@ -218,6 +218,10 @@ class Stage:
     # what the finished run suggests is a mistake without being wrong (a parameter naming a dataset the
     # data does not have): stats.json `warnings`, printed by the CLI, logged and shown by the flows
     warnings: Callable[[dict, PipelineParams], list[str]] | None = None
+    # it reads its input over the network (download: the sample stands in for Common Crawl's servers,
+    # whose files may fail or change, which the stage itself handles), not from the input's files: the
+    # runner does not check them against the input stage's markers
+    input_is_remote: bool = False
 
     def __post_init__(self):
         names = [p.name for p in self.passes]

@@ -111,4 +111,5 @@ STAGE = Stage(
                                            for f in stats.get("failed_shards", [])]},
     suite="tasks.validation.download",
     environment=environment,
+    input_is_remote=True,
 )
