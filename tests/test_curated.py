@@ -62,6 +62,34 @@ def test_files_of_one_name_in_several_folders_are_all_kept(tmp_path):
     assert (shards / "curated-wikipedia_en.parquet").is_file()  # the sample's own keep their names
 
 
+def test_two_entries_with_files_of_one_name_are_named_under_their_common_folder(tmp_path):
+    """Two Hugging Face datasets each hold data/train-00000-of-00001.parquet: both are ingested, under
+    names and ids that say which dataset folder each came from; a third entry without a clash keeps
+    its short name."""
+    for ds in ("ds1", "ds2"):
+        (tmp_path / "hf" / ds / "data").mkdir(parents=True)
+        pq.write_table(pa.table({"text": [f"{ds} one", f"{ds} two"]}),
+                       tmp_path / "hf" / ds / "data" / "train-00000-of-00001.parquet")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "books.jsonl").write_text(json.dumps({"text": "a book"}) + "\n")
+    curated = [{"path": str(tmp_path / f"hf/{ds}/data/*.parquet"), "dataset": ds.upper()} for ds in ("ds1", "ds2")]
+    curated.append({"path": str(tmp_path / "other/books.jsonl"), "dataset": "Books"})
+    p = parse_params(small_raw(tmp_path / "data", download={"curated": curated}))
+    run_stage("sample", p)
+    run_stage("download", p)
+    shards = tmp_path / "data/download/shards"
+    docs = {ds: pq.read_table(shards / f"curated-{ds}_data_train-00000-of-00001.parquet").to_pylist()
+            for ds in ("ds1", "ds2")}
+    assert [d["text"] for d in docs["ds1"] + docs["ds2"]] == ["ds1 one", "ds1 two", "ds2 one", "ds2 two"]
+    assert [d["id"] for d in docs["ds2"]] == ["DS2/ds2/data/train-00000-of-00001.parquet/0",
+                                              "DS2/ds2/data/train-00000-of-00001.parquet/1"]
+    assert pq.read_table(shards / "curated-books.parquet").to_pylist()[0]["text"] == "a book"
+    # one file under two entries would be ingested twice: refused, naming both
+    with pytest.raises(ConfigError, match=r"books.jsonl is listed twice \(also as .*books.jsonl\)"):
+        curated_shards([(str(tmp_path / "other/books.jsonl"), None, str(tmp_path / "other")),
+                        (str(tmp_path / "other/../other/books.jsonl"), "B", str(tmp_path))])
+
+
 def test_unreadable_sources_are_refused_naming_the_file(tmp_path):
     (tmp_path / "d.jsonl").mkdir()
     (tmp_path / "x.txt").write_text("{}\n")

@@ -8,7 +8,8 @@ never ingested as if whole. A bad line is counted and skipped (malformed JSON, n
 is not UTF-8 is decoded with U+FFFD and counted, as are lone surrogates in the JSON (UTF-8 cannot hold them).
 
 Each file is one shard, named by its path under the pattern's fixed directory (`/data/*/train.jsonl`
-gives `a_train`, `b_train`), so files of the same name in different folders never overwrite each other.
+gives `a_train`, `b_train`), so files of the same name in different folders never overwrite each other;
+entries whose files would share a name are named under the entries' common folder (`curated_shards`).
 """
 from __future__ import annotations
 
@@ -51,24 +52,50 @@ def fixed_root(pattern: str) -> str:
 
 
 def curated_shards(sources: list[tuple[str, str | None, str]]) -> list[Shard]:
-    """One shard per (file, dataset override, fixed root); refuses missing files, unknown formats and
-    two files that would share a shard name."""
-    shards, named = [], {}
-    for path, dataset, root in sources:
+    """One shard per (file, dataset override, fixed root), named by the file's path under its root.
+
+    Entries whose files would share a name (two Hugging Face datasets each with
+    `data/train-00000-of-00001.parquet`) are named under the roots' common folder instead
+    (`ds1_data_train-00000-of-00001`), every file of those entries alike. Refuses missing files,
+    unknown formats, a file listed twice, and names that still collide (`a/b_c.jsonl`, `a/b/c.jsonl`)."""
+    listed: dict[str, str] = {}
+    for path, _, _ in sources:
         if not Path(path).is_file():
             what = "is a directory, not a file" if Path(path).is_dir() else "does not exist"
             raise ConfigError(f"download.curated: {path} {what}")
-        fmt = format_of(path)
-        if fmt is None:
+        if format_of(path) is None:
             raise ConfigError(f"download.curated: {path}: unsupported format (expected {', '.join(FORMATS)})")
-        source = os.path.relpath(path, root)
-        stem = safe_filename(source[:len(source) - len(fmt)].replace(os.sep, "_"))
-        if stem in named:
-            raise ConfigError(f"download.curated: {named[stem]} and {path} would both be shard curated-{stem}")
-        named[stem] = path
+        real = os.path.realpath(path)
+        if real in listed:
+            raise ConfigError(f"download.curated: {path} is listed twice (also as {listed[real]}): it would be "
+                              f"ingested twice")
+        listed[real] = path
+    roots = {root: root for _, _, root in sources}
+    clashing = {r for group in _by_name(sources, roots).values() if len({r for _, r in group}) > 1
+                for _, r in group}
+    if clashing:
+        common = os.path.commonpath([os.path.abspath(r) for r in clashing])
+        roots.update(dict.fromkeys(clashing, common))
+    datasets = {path: dataset for path, dataset, _ in sources}
+    shards = []
+    for stem, group in _by_name(sources, roots).items():
+        if len(group) > 1:
+            raise ConfigError(f"download.curated: {group[0][0]} and {group[1][0]} would both be shard curated-{stem}")
+        (path, root), = group
+        dataset, source = datasets[path], os.path.relpath(path, roots[root])
         tag = json.dumps({"dataset": dataset, "source": source}, sort_keys=True)
         shards.append(Shard(name=f"curated-{stem}", inputs=(path,), output=f"curated-{stem}.parquet", tag=tag))
     return shards
+
+
+def _by_name(sources: list[tuple[str, str | None, str]], roots: dict[str, str]) -> dict[str, list[tuple[str, str]]]:
+    """Shard name -> [(file, its entry's root)], in the sources' order, with each root mapped by `roots`."""
+    named: dict[str, list[tuple[str, str]]] = {}
+    for path, _, root in sources:
+        source, fmt = os.path.relpath(path, roots[root]), format_of(path)
+        stem = safe_filename(source[:len(source) - len(fmt)].replace(os.sep, "_"))
+        named.setdefault(stem, []).append((path, root))
+    return named
 
 
 def _decompressed(path: Path, fh, fmt: str) -> Iterator[bytes]:
