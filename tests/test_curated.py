@@ -15,7 +15,7 @@ import zstandard
 from tasks.core.config import parse_params
 from tasks.core.errors import ConfigError, InputFileError
 from tasks.core.runner import run_stage
-from tasks.download.curated import curated_shards, fixed_root, ingest_curated
+from tasks.download.curated import CuratedFile, curated_shards, fixed_root, ingest_curated
 from tests.conftest import small_raw
 
 ROWS = [{"text": f"document {i} with some words é", "meta": {"pile_set_name": "Pile-CC" if i % 2 else "Books3"}}
@@ -118,6 +118,28 @@ def test_a_truncated_or_mislabelled_compressed_file_fails_naming_it(tmp_path):
     (tmp_path / "junk.parquet").write_bytes(b"not parquet at all")
     with pytest.raises(InputFileError, match="junk.parquet: not a readable Parquet file"):
         ingest(tmp_path / "junk.parquet", tmp_path)
+
+
+def test_text_field_reads_datasets_that_keep_text_under_another_key(tmp_path):
+    """The Stack keeps its text in `content`: read with text_field, and refused naming the keys without
+    it (not ingested as an empty shard of `missing_text` drops)."""
+    rows = [{"content": "def f():\n    return 1\n", "lang": "Python"}, {"content": "int main() {}", "lang": "C"}]
+    (tmp_path / "stack.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "stack.parquet")
+    for name in ("stack.jsonl", "stack.parquet"):
+        (shard,) = curated_shards([CuratedFile(str(tmp_path / name), "Github", str(tmp_path), "content")])
+        st = ingest_curated(tmp_path / name, tmp_path / "out.parquet", shard.tag)
+        assert [d["text"] for d in pq.read_table(tmp_path / "out.parquet").to_pylist()] == [r["content"] for r in rows]
+        assert st.docs_out == 2 and not st.dropped
+    with pytest.raises(InputFileError, match=r"stack.jsonl: no line has a 'text' key \(the first has 'content', "
+                                             r"'lang'\): set the entry's text_field"):
+        ingest(tmp_path / "stack.jsonl", tmp_path)
+    with pytest.raises(InputFileError, match=r"stack.parquet: no 'text' column \(columns: content, lang\)"):
+        ingest(tmp_path / "stack.parquet", tmp_path)
+    # some lines without the key among good ones are counted, as before
+    (tmp_path / "mixed.jsonl").write_text(json.dumps({"text": "kept"}) + "\n" + json.dumps({"body": "x"}) + "\n")
+    st, docs = ingest(tmp_path / "mixed.jsonl", tmp_path)
+    assert [d["text"] for d in docs] == ["kept"] and st.dropped == {"missing_text": 1}
 
 
 def test_bad_lines_are_counted_and_skipped(tmp_path):

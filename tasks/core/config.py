@@ -59,6 +59,10 @@ class CuratedSource(Strict):
     dataset: str | None = Field(
         None, description="Tag for every document; default: meta.pile_set_name of each line."
     )
+    text_field: str = Field(
+        "text", min_length=1, description="The key (JSON lines) or column (Parquet) holding the document's "
+        "text: `content` for The Stack, `raw_content` for RedPajama-V2.",
+    )
 
 
 class DownloadParams(Strict):

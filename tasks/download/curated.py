@@ -18,7 +18,7 @@ import os
 import re
 import zlib
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import pyarrow.parquet as pq
 import zstandard
@@ -51,15 +51,23 @@ def fixed_root(pattern: str) -> str:
     return str(Path(*fixed)) if fixed else "."
 
 
-def curated_shards(sources: list[tuple[str, str | None, str]]) -> list[Shard]:
+class CuratedFile(NamedTuple):
+    path: str
+    dataset: str | None  # None: each row's meta.pile_set_name
+    root: str  # the entry's fixed folder: the shard is named by the path below it
+    text_field: str = "text"
+
+
+def curated_shards(sources: list[tuple]) -> list[Shard]:
     """One shard per (file, dataset override, fixed root), named by the file's path under its root.
 
     Entries whose files would share a name (two Hugging Face datasets each with
     `data/train-00000-of-00001.parquet`) are named under the roots' common folder instead
     (`ds1_data_train-00000-of-00001`), every file of those entries alike. Refuses missing files,
     unknown formats, a file listed twice, and names that still collide (`a/b_c.jsonl`, `a/b/c.jsonl`)."""
+    sources = [CuratedFile(*s) for s in sources]
     listed: dict[str, str] = {}
-    for path, _, _ in sources:
+    for path, *_ in sources:
         if not Path(path).is_file():
             what = "is a directory, not a file" if Path(path).is_dir() else "does not exist"
             raise ConfigError(f"download.curated: {path} {what}")
@@ -70,28 +78,28 @@ def curated_shards(sources: list[tuple[str, str | None, str]]) -> list[Shard]:
             raise ConfigError(f"download.curated: {path} is listed twice (also as {listed[real]}): it would be "
                               f"ingested twice")
         listed[real] = path
-    roots = {root: root for _, _, root in sources}
+    roots = {s.root: s.root for s in sources}
     clashing = {r for group in _by_name(sources, roots).values() if len({r for _, r in group}) > 1
                 for _, r in group}
     if clashing:
         common = os.path.commonpath([os.path.abspath(r) for r in clashing])
         roots.update(dict.fromkeys(clashing, common))
-    datasets = {path: dataset for path, dataset, _ in sources}
+    by_path = {s.path: s for s in sources}
     shards = []
     for stem, group in _by_name(sources, roots).items():
         if len(group) > 1:
             raise ConfigError(f"download.curated: {group[0][0]} and {group[1][0]} would both be shard curated-{stem}")
         (path, root), = group
-        dataset, source = datasets[path], os.path.relpath(path, roots[root])
-        tag = json.dumps({"dataset": dataset, "source": source}, sort_keys=True)
+        tag = json.dumps({"dataset": by_path[path].dataset, "source": os.path.relpath(path, roots[root]),
+                          "text_field": by_path[path].text_field}, sort_keys=True)
         shards.append(Shard(name=f"curated-{stem}", inputs=(path,), output=f"curated-{stem}.parquet", tag=tag))
     return shards
 
 
-def _by_name(sources: list[tuple[str, str | None, str]], roots: dict[str, str]) -> dict[str, list[tuple[str, str]]]:
+def _by_name(sources: list[CuratedFile], roots: dict[str, str]) -> dict[str, list[tuple[str, str]]]:
     """Shard name -> [(file, its entry's root)], in the sources' order, with each root mapped by `roots`."""
     named: dict[str, list[tuple[str, str]]] = {}
-    for path, _, root in sources:
+    for path, _, root, _ in sources:
         source, fmt = os.path.relpath(path, roots[root]), format_of(path)
         stem = safe_filename(source[:len(source) - len(fmt)].replace(os.sep, "_"))
         named.setdefault(stem, []).append((path, root))
@@ -147,7 +155,7 @@ def _lines(path: Path, fmt: str) -> Iterator[bytes]:
             yield bytes(rest)
 
 
-def _rows(path: Path, fmt: str, st: ShardStats) -> Iterator[tuple[int, object]]:
+def _rows(path: Path, fmt: str, st: ShardStats, text_field: str) -> Iterator[tuple[int, object]]:
     """(index, parsed row) of every non-blank line or Parquet row; bad lines counted and skipped."""
     if fmt == ".parquet":
         try:
@@ -155,13 +163,16 @@ def _rows(path: Path, fmt: str, st: ShardStats) -> Iterator[tuple[int, object]]:
         except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a broken file
             raise InputFileError(f"{path}: not a readable Parquet file: {e}") from None
         names = pf.schema_arrow.names
-        if "text" not in names:
-            raise InputFileError(f"{path}: no 'text' column (columns: {', '.join(names)})")
+        if text_field not in names:
+            raise InputFileError(f"{path}: no {text_field!r} column (columns: {', '.join(names)}): set the "
+                                 f"entry's text_field")
         i = 0
-        for batch in pf.iter_batches(columns=[c for c in ("text", "meta") if c in names], batch_size=4096):
+        for batch in pf.iter_batches(columns=list(dict.fromkeys(c for c in (text_field, "meta") if c in names)),
+                                     batch_size=4096):
             for row in batch.to_pylist():
+                text = row[text_field]
                 st.docs_in += 1
-                st.bytes_in += len(row["text"].encode("utf-8", "surrogatepass")) if isinstance(row["text"], str) else 0
+                st.bytes_in += len(text.encode("utf-8", "surrogatepass")) if isinstance(text, str) else 0
                 yield i, row
                 i += 1
         return
@@ -184,12 +195,16 @@ def _rows(path: Path, fmt: str, st: ShardStats) -> Iterator[tuple[int, object]]:
 def ingest_curated(path: Path, out: Path, tag: str) -> ShardStats:
     """One curated file -> a document shard. Ids are `<dataset>/<path under the fixed root>/<line>`."""
     meta_tag = json.loads(tag)
-    dataset, source = meta_tag["dataset"], meta_tag["source"]
+    dataset, source, field = meta_tag["dataset"], meta_tag["source"], meta_tag.get("text_field", "text")
     fmt = format_of(str(path))
     st = ShardStats()
+    without_field, first_keys = 0, None  # objects that lack the key altogether: a wrong text_field
     with DocWriter(out) as w:
-        for i, row in _rows(path, fmt, st):
-            text = row.get("text") if isinstance(row, dict) else None
+        for i, row in _rows(path, fmt, st, field):
+            text = row.get(field) if isinstance(row, dict) else None
+            if isinstance(row, dict) and field not in row:
+                without_field += 1
+                first_keys = first_keys or list(row)
             if not isinstance(text, str) or not text.strip():
                 st.drop("missing_text")
                 continue
@@ -211,5 +226,8 @@ def ingest_curated(path: Path, out: Path, tag: str) -> ShardStats:
     elif st.docs_out == 0 and w.docs == 0 and st.dropped.get("malformed_json", 0) == st.docs_in:
         # not one line is JSON: another format under a JSON-lines name (a JSON array, pretty-printed JSON)
         raise InputFileError(f"{path}: no line is a JSON object ({st.docs_in} lines): not JSON lines")
+    elif w.docs == 0 and without_field and without_field == st.docs_in - st.dropped.get("malformed_json", 0):
+        raise InputFileError(f"{path}: no line has a {field!r} key (the first has {', '.join(map(repr, first_keys))}): "
+                             f"set the entry's text_field")
     st.docs_out, st.bytes_out = w.docs, w.text_bytes
     return st

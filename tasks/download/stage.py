@@ -19,7 +19,7 @@ from tasks.core.errors import InputFileError
 from tasks.extract.warc_reader import not_warc
 from tasks.core.passes import Shard, ShardFailed, ShardStats
 from tasks.core.stage import Context, ShardedPass, Stage
-from tasks.download.curated import curated_shards, fixed_root, ingest_curated
+from tasks.download.curated import CuratedFile, curated_shards, fixed_root, ingest_curated
 from tasks.download.http_fetch import DownloadError, RetryPolicy, UnsafePathError, fetch, fetch_bytes, safe_filename, safe_url
 from tasks.sample.generate import curated_files
 from tasks.sample.server import StaticServer
@@ -84,7 +84,7 @@ def plan(p: PipelineParams, ctx: Context) -> list[Shard]:
         if p.download.source == "sample" else []
     for c in p.download.curated:
         matches = sorted(glob.glob(c.path)) or [c.path]
-        sources += [(m, c.dataset, fixed_root(c.path)) for m in matches]
+        sources += [CuratedFile(m, c.dataset, fixed_root(c.path), c.text_field) for m in matches]
     return shards + curated_shards(sources)
 
 
