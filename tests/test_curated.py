@@ -76,7 +76,7 @@ def test_two_entries_with_files_of_one_name_are_named_under_their_common_folder(
     curated.append({"path": str(tmp_path / "other/books.jsonl"), "dataset": "Books"})
     p = parse_params(small_raw(tmp_path / "data", download={"curated": curated}))
     run_stage("sample", p)
-    run_stage("download", p)
+    assert "warnings" not in run_stage("download", p)  # every entry names its dataset
     shards = tmp_path / "data/download/shards"
     docs = {ds: pq.read_table(shards / f"curated-{ds}_data_train-00000-of-00001.parquet").to_pylist()
             for ds in ("ds1", "ds2")}
@@ -84,6 +84,14 @@ def test_two_entries_with_files_of_one_name_are_named_under_their_common_folder(
     assert [d["id"] for d in docs["ds2"]] == ["DS2/ds2/data/train-00000-of-00001.parquet/0",
                                               "DS2/ds2/data/train-00000-of-00001.parquet/1"]
     assert pq.read_table(shards / "curated-books.parquet").to_pylist()[0]["text"] == "a book"
+    # without `dataset` and meta.pile_set_name each file is a dataset of its own: said in the warnings
+    del curated[0]["dataset"]
+    stats = run_stage("download", parse_params(small_raw(tmp_path / "data", download={"curated": curated})))
+    assert stats["warnings"] == ["download.curated: 2 documents have no dataset name (their entry sets no `dataset`, "
+                                 "their line no meta.pile_set_name): each is named after its file, so a dataset of "
+                                 "many files became as many datasets; set the entry's dataset"]
+    assert {d["dataset"] for d in pq.read_table(shards / "curated-ds1_data_train-00000-of-00001.parquet").to_pylist()} \
+        == {"train-00000-of-00001"}
     # one file under two entries would be ingested twice: refused, naming both
     with pytest.raises(ConfigError, match=r"books.jsonl is listed twice \(also as .*books.jsonl\)"):
         curated_shards([(str(tmp_path / "other/books.jsonl"), None, str(tmp_path / "other")),

@@ -218,7 +218,11 @@ def ingest_curated(path: Path, out: Path, tag: str) -> ShardStats:
                 except ValueError:
                     meta = None
             meta = meta if isinstance(meta, dict) else {}
-            name = _SURROGATE.sub("\ufffd", str(dataset or meta.get("pile_set_name") or path.name.split(".")[0]))
+            name = dataset or meta.get("pile_set_name")
+            if not name:  # a Stage.warnings line: a dataset of many files becomes as many datasets
+                name = path.name.split(".")[0]
+                st.extra["docs_named_after_their_file"] = st.extra.get("docs_named_after_their_file", 0) + 1
+            name = _SURROGATE.sub("\ufffd", str(name))
             w.write({"id": f"{name}/{source}/{i}", "text": text, "dataset": name, "url": "",
                      "crawl": "", "lang": "", "lang_score": 0.0})
     if st.docs_in == 0:

@@ -101,6 +101,13 @@ def process(shard: Shard, tmp: Path, p: PipelineParams, ctx: Context) -> ShardSt
     return st
 
 
+def warnings(stats: dict, p: PipelineParams) -> list[str]:
+    n = stats.get("extra", {}).get("docs_named_after_their_file", 0)
+    return [f"download.curated: {n:,} documents have no dataset name (their entry sets no `dataset`, their line no "
+            f"meta.pile_set_name): each is named after its file, so a dataset of many files became as many "
+            f"datasets; set the entry's dataset"] if n else []
+
+
 STAGE = Stage(
     name="download", section="download",
     input=lambda p: SAMPLE.name if p.download.source == "sample" else None,
@@ -112,4 +119,5 @@ STAGE = Stage(
     suite="tasks.validation.download",
     environment=environment,
     input_is_remote=True,
+    warnings=warnings,
 )
