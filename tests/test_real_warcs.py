@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -69,6 +70,31 @@ def test_language_by_script_and_unknown_when_short(tmp_path):
     got = {d["url"]: d["lang"] for d in docs}
     assert got == expected
     assert all(0.0 <= d["lang_score"] <= 1.0 for d in docs)
+
+
+def test_a_content_length_too_large_reads_the_same_in_every_gzip_layout(tmp_path):
+    """A writer that over-counts Content-Length by 40 bytes: the record ends where the next one
+    starts, or where its own gzip member ends (Common Crawl's layout, one member per record); the
+    same pages either way. An uncompressed file that ends inside a record is a cut, dropped."""
+    http = [fx.http_response(fx.page(i)[0]) for i in range(3)]
+    recs = [fx.record_bytes("response", f"https://cl.example/{i}", h, date="2020-01-01T00:00:00Z",
+                            rng=random.Random(i), content_type="application/http; msgtype=response")
+            for i, h in enumerate(http)]
+    over = b"Content-Length: %d\r\n" % (len(http[2]) + 40)
+    recs[2] = recs[2].replace(b"Content-Length: %d\r\n" % len(http[2]), over)
+    assert over in recs[2]
+    layouts = {"member.warc.gz": b"".join(fx.gz(r) for r in recs), "stream.warc.gz": gzip.compress(b"".join(recs)),
+               "plain.warc": b"".join(recs)}
+    got = {}
+    for name, data in layouts.items():
+        st, docs = extract(tmp_path, name, data)
+        got[name] = [(d["url"], d["text"]) for d in docs]
+        if name == "plain.warc":
+            assert st.dropped == {"truncated_record": 1}
+        else:
+            assert st.extra["content_length_mismatch"] == 1 and not st.dropped
+    assert got["member.warc.gz"] == got["stream.warc.gz"] and len(got["member.warc.gz"]) == 3
+    assert got["plain.warc"] == got["member.warc.gz"][:2]
 
 
 def test_truncated_tail_and_empty_file_are_counted(tmp_path):

@@ -133,9 +133,11 @@ def _next_record(data: bytes, pos: int) -> int:
     return m.end() if m else len(data)
 
 
-def _records(data: bytes) -> Iterator[Record | str]:
+def _records(data: bytes, whole: bool = False) -> Iterator[Record | str]:
     """Every record of an uncompressed block, or the reason it could not be read: one entry per
-    record, so a bad record never hides the ones after it."""
+    record, so a bad record never hides the ones after it. `whole`: the block is a gzip member that
+    ended cleanly, so its end is where its writer ended the last record (a Content-Length past it is
+    the writer's miscount, as within a block); the end of an uncompressed file may be a cut."""
     pos, n = 0, len(data)
     while pos < n:
         pos = _BLANK_LINES.match(data, pos).end()  # the CRLF CRLF that ends the previous record
@@ -159,7 +161,7 @@ def _records(data: bytes) -> Iterator[Record | str]:
             # Content-Length disagrees with where the next record starts: stripped CRs (ClueWeb09),
             # off-by-one writers (some wget versions). Trust the next record's version line.
             nxt = _next_record(data, start)
-            if stop > n and nxt == n and not lf_only:
+            if stop > n and nxt == n and not lf_only and not whole:
                 yield "truncated_record"  # a CRLF file cut short: the record is incomplete
                 return
             stop, after, repaired = nxt, nxt, "content_length_mismatch"
@@ -194,7 +196,7 @@ def iter_warc(path: Path) -> Iterator[Record | str]:
                 if isinstance(member, str):
                     yield member
                 else:
-                    yield from _records(member)
+                    yield from _records(member, whole=True)
         else:  # uncompressed WARC (rare): read whole; Common Crawl always ships gzip
             yield from _records(fh.read())
 
