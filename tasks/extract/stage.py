@@ -29,8 +29,13 @@ def crawl_id(p: PipelineParams) -> str:
     return p.sample.crawl_id if p.download.source == "sample" else p.download.crawl_id
 
 
+# part of the pass's fingerprint: change it when the same WARC can give other documents (2: a record's
+# Content-Length past its own gzip member's end is read to that end, no longer dropped as truncated)
+READER_VERSION = 2
+
+
 def stage_params(p: PipelineParams) -> dict:
-    return {**p.extract.model_dump(mode="json"), "crawl_id": crawl_id(p)}
+    return {**p.extract.model_dump(mode="json"), "crawl_id": crawl_id(p), "reader_version": READER_VERSION}
 
 
 def plan(p: PipelineParams, ctx: Context) -> list[Shard]:
