@@ -32,7 +32,8 @@ run: install
 
 ## The test suite (CI calls this through .ci/run), in TEST_WORKERS processes: most tests spend their time
 ## starting interpreters, ranks and servers, so two workers on two cores take about half the time of one.
-## A test file runs whole in one worker (its session fixtures, e.g. a Prefect server, start once).
+## A test file runs whole in one worker (its session fixtures, e.g. a Prefect server, start once);
+## TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= 2
 test: install
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadfile tests
