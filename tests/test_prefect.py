@@ -212,9 +212,11 @@ def test_ui_quick_run_shows_summary_plots_and_data_docs(server, tmp_path):
             assert widths and all(w > 100 for w in widths), widths  # the plots rendered
             page.screenshot(path=str(tmp_path / "extract-artifact.png"))
             href = page.get_by_role("link", name="Data Docs").first.get_attribute("href")
-            assert href == f"http://127.0.0.1:{docs_port}/index.html"
+            assert href == f"http://127.0.0.1:{docs_port}/extract/index.html"  # the stage's own site
             page.goto(href)
             assert "Data Docs" in page.title() or "expectation" in page.content().lower()
+            page.goto(f"http://127.0.0.1:{docs_port}/index.html")  # the index lists every stage's site
+            assert page.locator("a[href='extract/index.html']").count() == 1, page.content()[:2000]
             browser.close()
     finally:
         os.killpg(docs.pid, signal.SIGTERM)
