@@ -41,15 +41,16 @@ def history_markdown(entries: list[dict], new: int) -> str:
 
 @flow(name="evaluate-checkpoints")
 def evaluate_checkpoints(params: PipelineParams = DEFAULT_PARAMS, params_file: str | None = None,
-                         checkpoints_dir: str = "data/train/work/checkpoints",
-                         history_dir: str = "data/evaluate/history") -> dict:
+                         checkpoints_dir: str = "", history_dir: str = "") -> dict:
     """Evaluate every checkpoint of the training run not evaluated yet (settings: params `evaluate`).
 
     Args:
         params: Every pipeline parameter; `evaluate` says which tasks and shots.
         params_file: A params file to read instead of `params` (leave empty to use `params`).
-        checkpoints_dir: The training run's checkpoint folder (step-* folders).
-        history_dir: Where the per-checkpoint results and history.jsonl go.
+        checkpoints_dir: The training run's checkpoint folder (step-* folders); empty: the train stage's,
+            `<paths.data_dir>/train/work/checkpoints`.
+        history_dir: Where the per-checkpoint results and history.jsonl go; empty:
+            `<paths.data_dir>/evaluate/history`.
     """
     from prefect.runtime import flow_run
     p = resolve(params, params_file)
@@ -58,10 +59,15 @@ def evaluate_checkpoints(params: PipelineParams = DEFAULT_PARAMS, params_file: s
     data = Path(p.paths.data_dir)
     tokenizer = data / "tokenize" / "tokenizer" / "tokenizer.json"
     prov = provenance.collect(Path.cwd(), data, p.model_dump(mode="json"), {})
-    new = hist.evaluate_new(Path(checkpoints_dir), tokenizer, p.evaluate, Path(p.paths.benchmarks_dir),
-                            Path(history_dir), prov)
-    entries = hist.read_history(Path(history_dir))
-    get_run_logger().info("evaluated %d new checkpoint(s); history holds %d", len(new), len(entries))
+    # the folders follow paths.data_dir (a fixed data/... looked in the wrong place for another data_dir)
+    ckpts = Path(checkpoints_dir) if checkpoints_dir else data / "train" / "work" / "checkpoints"
+    history = Path(history_dir) if history_dir else data / "evaluate" / "history"
+    logger = get_run_logger()
+    if not ckpts.is_dir():  # no training run yet is not an error for a schedule, but a mistyped folder says so
+        logger.warning("no checkpoint folder %s (no training run has saved a checkpoint there yet)", ckpts)
+    new = hist.evaluate_new(ckpts, tokenizer, p.evaluate, Path(p.paths.benchmarks_dir), history, prov)
+    entries = hist.read_history(history)
+    logger.info("evaluated %d new checkpoint(s) of %s; history holds %d", len(new), ckpts, len(entries))
     create_markdown_artifact(key="evaluation-history", markdown=history_markdown(entries, len(new)),
                              description="Every evaluated checkpoint of the training run")
     return {"new": [e["checkpoint"] for e in new], "history": len(entries)}

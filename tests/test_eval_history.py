@@ -109,12 +109,15 @@ def test_two_passes_never_run_at_once(tmp_path, benchmarks_dir):
 
 
 def test_scheduled_deployment_runs_on_a_server(server, tmp_path):
-    repo = copy_project(tmp_path / "repo", evaluate={"tasks": ["boolq", "hans"], "shots": ["zero"], "limit": 4})
-    make_run(repo / "data" / "tmp")
-    (repo / "data" / "tokenize").mkdir(parents=True)
-    (repo / "data" / "tmp" / "tokenizer").rename(repo / "data" / "tokenize" / "tokenizer")
-    (repo / "data" / "train" / "work").mkdir(parents=True)
-    (repo / "data" / "tmp" / "checkpoints").rename(repo / "data" / "train" / "work" / "checkpoints")
+    # another paths.data_dir than data/: the flow's checkpoint and history folders follow it
+    repo = copy_project(tmp_path / "repo", evaluate={"tasks": ["boolq", "hans"], "shots": ["zero"], "limit": 4},
+                        paths={"data_dir": "runs/a"})
+    data = repo / "runs" / "a"
+    make_run(data / "tmp")
+    (data / "tokenize").mkdir(parents=True)
+    (data / "tmp" / "tokenizer").rename(data / "tokenize" / "tokenizer")
+    (data / "train" / "work").mkdir(parents=True)
+    (data / "tmp" / "checkpoints").rename(data / "train" / "work" / "checkpoints")
     prefect = str(BIN / "prefect")
     run([prefect, "work-pool", "create", "local-process", "--type", "process", "--overwrite"], repo, server)
     run([prefect, "--no-prompt", "deploy", "--all"], repo, {**server, "PWD": str(repo)})
@@ -126,12 +129,12 @@ def test_scheduled_deployment_runs_on_a_server(server, tmp_path):
         out = run([prefect, "worker", "start", "--pool", "local-process", "--run-once"], repo, server)
         state = api(server, f"/flow_runs/{flow_run['id']}")
         assert state["state_type"] == "COMPLETED", (state["state_type"], state.get("state", {}).get("message"), out[-3000:])
-        lines = (repo / "data/evaluate/history/history.jsonl").read_text().splitlines()
+        lines = (data / "evaluate/history/history.jsonl").read_text().splitlines()
         assert [json.loads(x)["step"] for x in lines] == [10, 20]
     arts = api(server, "/artifacts/filter", {"artifacts": {"key": {"any_": ["evaluation-history"]}}})
     assert any("2 checkpoints, 0 new" in a["data"] and "| boolq/0-shot | hans/0-shot |" in a["data"] for a in arts)
     first = json.loads(lines[0])
-    results = json.loads((repo / "data/evaluate/history" / first["results"]).read_text())
+    results = json.loads((data / "evaluate/history" / first["results"]).read_text())
     assert re.fullmatch(r"[0-9a-f-]{36}", results["provenance"]["prefect_flow_run_id"] or "")
 
 
