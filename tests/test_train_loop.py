@@ -5,11 +5,15 @@ from __future__ import annotations
 import csv
 import json
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from trainer import checkpoint
+from tests.conftest import REPO
+from trainer import checkpoint, lifeline
 from trainer.config import ModelParams, OptimParams, ParallelParams, ScheduleParams, TrainParams
 from trainer.run import RunSpec, launch_and_kill, losses
 from trainer.run import launch as launch_run
@@ -66,6 +70,43 @@ def test_kill_9_mid_run_then_resume_gives_the_same_losses(tmp_path):
     assert launch_and_kill(s, after_step=5) < 24, "killed mid-run"
     assert checkpoint.latest(Path(s.out) / "checkpoints") is not None
     assert train(s) == reference
+
+
+def test_ranks_stop_when_the_process_that_launched_them_is_killed(tmp_path):
+    # the train stage killed by kill -9 (or its Prefect run cancelled) while torchrun and the ranks, each
+    # in a session of its own, live on: the ranks trained to the end, into the folder a rerun writes
+    s = spec(tmp_path / "run", steps=2000).model_copy(update={"mock_samples": 2000 * BATCH})  # minutes of steps
+    Path(s.out).mkdir()
+    (Path(s.out) / "spec.json").write_text(s.model_dump_json())
+    code = ("import sys; from pathlib import Path; from trainer.run import RunSpec, launch; "
+            "launch(RunSpec.model_validate_json(Path(sys.argv[1]).read_text()))")
+    stage = subprocess.Popen([sys.executable, "-c", code, str(Path(s.out) / "spec.json")], cwd=REPO)
+    metrics = Path(s.out) / "metrics.csv"
+    while not (metrics.is_file() and metrics.read_text().count("\n") > 2):
+        assert stage.poll() is None, "the run ended before it could be killed"
+        time.sleep(0.05)
+    stage.kill()  # only the launching process, as `kill -9 <pid>` of the stage
+    stage.wait()
+    lifeline.wait_for_ranks(Path(s.out), timeout_s=120)  # the ranks let go of the run folder ...
+    deadline = time.monotonic() + 120
+    while launched(s.out) and time.monotonic() < deadline:  # ... and torchrun ends after them
+        time.sleep(0.2)
+    assert not launched(s.out)
+    rows = metrics.read_text().count("\n")
+    assert not (Path(s.out) / "result.json").exists() and rows < 2001, "the ranks trained on after the kill"
+    assert "the launch that started this rank is gone" in (Path(s.out) / "launch.log").read_text()
+
+
+def launched(out: str) -> list[str]:
+    """The live processes whose command line names the run's run.json (torchrun and its ranks)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and str(Path(out) / "run.json").encode() in (entry / "cmdline").read_bytes():
+                found.append(entry.name)
+        except OSError:
+            pass
+    return found
 
 
 def test_a_checkpoint_of_another_model_is_refused(uninterrupted, tmp_path):

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from tasks.core.errors import ConfigError
+from trainer import lifeline
 from trainer.config import LaunchParams
 
 LOCAL = LaunchParams()
@@ -71,7 +72,9 @@ def command(module: str, config: Path, ranks: int, launch: LaunchParams = LOCAL)
 
 def environment(log: Path) -> dict:
     # one thread per rank: ranks x default threads on a few cores is ~10x slower (DESIGN.md)
-    ours = {"DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR") or "cpu", "OMP_NUM_THREADS": "1"}
+    # and the ranks stop when this process does (trainer.lifeline)
+    ours = {"DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR") or "cpu", "OMP_NUM_THREADS": "1",
+            **lifeline.launcher_env()}
     # pdsh passes only a few variables to the other hosts: the rest go through DeepSpeed's env file
     # (the user's ~/.deepspeed_env lines first, then ours)
     env_file = Path(log).with_name("deepspeed_env")
@@ -96,7 +99,9 @@ def first_error(log: Path) -> str:
 
 
 def start(module: str, config: Path, ranks: int, log: Path, launch: LaunchParams = LOCAL) -> subprocess.Popen:
-    """The launch in its own session (so `os.killpg` stops every local rank), output appended to `log`."""
+    """The launch in its own session (`stop` kills it and its ranks; killed otherwise, its ranks stop
+    themselves, trainer.lifeline), output appended to `log`. Waits first for an earlier launch's ranks to be gone."""
+    lifeline.wait_for_ranks(Path(config).parent)
     with open(log, "ab") as out:
         return subprocess.Popen(command(module, config, ranks, launch), env=environment(log), stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
@@ -111,9 +116,10 @@ def run(module: str, config: Path, ranks: int, log: Path, timeout: float | None 
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
+            stop(proc)
             raise
     else:
+        lifeline.wait_for_ranks(Path(config).parent)
         code = _run_echoing(command(module, config, ranks, launch), log, echo, timeout)
     if code:
         raise LaunchFailed(code, first_error(log))
@@ -123,7 +129,7 @@ def _run_echoing(cmd: list[str], log: Path, echo, timeout: float | None) -> int:
     import threading
     proc = subprocess.Popen(cmd, env=environment(log), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
-    timer = threading.Timer(timeout, os.killpg, (proc.pid, 9)) if timeout else None
+    timer = threading.Timer(timeout, stop, (proc,)) if timeout else None
     if timer:
         timer.start()
     try:
@@ -137,5 +143,14 @@ def _run_echoing(cmd: list[str], log: Path, echo, timeout: float | None) -> int:
         if timer:
             timer.cancel()
         if proc.poll() is None:  # the caller was interrupted: take the ranks down with it
-            os.killpg(proc.pid, 9)
+            stop(proc)
             proc.wait()
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """kill -9 the launch: the launcher's session, and the ranks it started in sessions of their own."""
+    try:
+        os.killpg(proc.pid, 9)
+    except ProcessLookupError:
+        pass
+    lifeline.kill_launched()

@@ -52,11 +52,9 @@ def launch(spec: RunSpec, timeout: float = 1800) -> dict[int, float]:
 def launch_and_kill(spec: RunSpec, after_step: int, timeout: float = 900) -> int:
     """Operator drill: start `spec`, kill -9 every rank once step `after_step` is logged; returns the
     last step logged. Raises if the run finished before the kill landed (give it more steps)."""
-    import os
-    import signal
     import time
 
-    from trainer import launch as launcher
+    from trainer import launch as launcher, lifeline
     out = Path(spec.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "run.json").write_text(spec.model_dump_json())
@@ -67,11 +65,12 @@ def launch_and_kill(spec: RunSpec, after_step: int, timeout: float = 900) -> int
         if proc.poll() is not None:
             raise RuntimeError(f"the run ended (exit {proc.returncode}) before step {after_step}")
         if time.monotonic() > deadline:
-            os.killpg(proc.pid, signal.SIGKILL)
+            launcher.stop(proc)
             raise TimeoutError(f"no step {after_step} within {timeout} s")
         time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
+    launcher.stop(proc)  # the launcher and every rank, as a crash of the machine would
     proc.wait()
+    lifeline.wait_for_ranks(out)
     if (out / "result.json").is_file():
         raise RuntimeError(f"the run finished before the kill after step {after_step} landed: give it more steps")
     return max(losses(out))
@@ -85,19 +84,21 @@ def losses(out: Path) -> dict[int, float]:
 
 def main(argv: list[str]) -> int:
     from tasks.core.errors import describe
+    from trainer import lifeline
     from trainer.loop import train
-    try:
-        spec = RunSpec.model_validate_json(Path(argv[0]).read_text())
-        Path(spec.out).mkdir(parents=True, exist_ok=True)  # every rank: whichever writes first finds it
-        result = train(spec.train, samples_of(spec), Path(spec.out), spec.init_from and Path(spec.init_from))
-    except Exception as e:  # noqa: BLE001 - one line and the exit code, as every entry point
-        code, line = describe(e)
-        print(line, file=sys.stderr, flush=True)
-        return code
-    if int(os.environ.get("RANK", "0")) == 0:
-        (Path(spec.out) / "result.json").write_text(json.dumps(result))
+    lifeline.watch("trainer.run")  # a rank does not outlive its launch (torchrun starts it in its own session)
+    with lifeline.hold(Path(argv[0]).parent):  # a launch into this folder waits until every rank let go
+        try:
+            spec = RunSpec.model_validate_json(Path(argv[0]).read_text())
+            Path(spec.out).mkdir(parents=True, exist_ok=True)  # every rank: whichever writes first finds it
+            result = train(spec.train, samples_of(spec), Path(spec.out), spec.init_from and Path(spec.init_from))
+        except Exception as e:  # noqa: BLE001 - one line and the exit code, as every entry point
+            code, line = describe(e)
+            print(line, file=sys.stderr, flush=True)
+            return code
+        if int(os.environ.get("RANK", "0")) == 0:
+            (Path(spec.out) / "result.json").write_text(json.dumps(result))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -108,7 +108,7 @@ def check_run(p: PipelineParams, ctx: Context) -> tuple[dict, TrainParams, list[
 
 
 def build_model(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
-    from trainer import checkpoint, launch
+    from trainer import checkpoint, launch, lifeline
     from trainer.export import export
     from trainer.run import RunSpec
     from trainer.schedule import whole_batches
@@ -120,6 +120,7 @@ def build_model(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
     work = ctx.root / "work"
     spec = RunSpec(train=cfg, out=str(work), blend_dir=str(blend.resolve()), datasets_dir=str(datasets.resolve()),
                    launch=p.train.launch)
+    lifeline.wait_for_ranks(work)  # a killed run's last ranks are gone before its folder is reused or moved
     _work_folder(work, run_identity(cfg, ctx))
     (work / "run.json").write_text(spec.model_dump_json(), encoding="utf-8")
     try:
