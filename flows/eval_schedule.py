@@ -12,7 +12,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from flows.plots import data_uri, history_png
-from flows.stages import DEFAULT_PARAMS, resolve
+from flows.stages import DEFAULT_PARAMS, guard_what_this_run_starts, resolve
 from tasks.core.config import PipelineParams
 from tasks.core.errors import describe
 from tasks.evaluate import history as hist
@@ -75,6 +75,7 @@ def evaluate_checkpoints(params: PipelineParams = DEFAULT_PARAMS, params_file: s
 
 def main(argv: list[str]) -> int:
     try:
+        guard_what_this_run_starts()
         print(evaluate_checkpoints(params_file=argv[0] if argv else "params.yaml"))
     except Exception as e:  # noqa: BLE001
         code, line = describe(e)

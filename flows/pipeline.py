@@ -15,7 +15,7 @@ from prefect.states import Failed
 
 from flows.dvc_sync import record_in_dvc
 from flows.artifacts import publish_summary
-from flows.stages import DEFAULT_PARAMS, STAGE_FLOWS, failed, resolve
+from flows.stages import DEFAULT_PARAMS, STAGE_FLOWS, failed, guard_what_this_run_starts, resolve
 from tasks.core.config import PipelineParams, load_params
 from tasks.core.errors import ConfigError, describe, exit_code_of
 from tasks.core import registry
@@ -79,6 +79,7 @@ def main(argv: list[str]) -> int:
     except ConfigError as e:
         print(describe(e)[1], file=sys.stderr)
         return 2
+    guard_what_this_run_starts()
     state = pretraining_pipeline(params_file=params_file, stages=stages or None, return_state=True)
     if not state.is_completed():
         print(state.message, file=sys.stderr)

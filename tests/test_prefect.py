@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -220,3 +221,48 @@ def test_ui_quick_run_shows_summary_plots_and_data_docs(server, tmp_path):
             browser.close()
     finally:
         os.killpg(docs.pid, signal.SIGTERM)
+
+
+def test_a_killed_command_line_run_leaves_no_temporary_server(tmp_path):
+    # `make run` killed by kill -9 (or the OOM killer) left Prefect's temporary server serving forever
+    repo = copy_project(tmp_path / "repo")
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}  # Prefect starts its own server
+    proc = subprocess.Popen([sys.executable, "-m", "flows.pipeline", "params.yaml", "sample"], cwd=repo, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = None
+    while server is None and proc.poll() is None:
+        server = next((pid for pid in children(proc.pid) if b"uvicorn" in cmdline(pid)), None)
+    assert server is not None, "the run ended before its temporary server was seen"
+    proc.kill()
+    proc.wait()
+    for _ in range(600):  # the watcher checks every second; SIGKILL follows SIGTERM after 5 s
+        if not running(server):
+            break
+        time.sleep(0.1)
+    assert not running(server), f"Prefect's temporary server {server} outlived the killed run"
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "stat").read_text().rsplit(")", 1)[1].split()[1] == str(pid):
+                found.append(int(entry.name))
+        except OSError:
+            pass
+    return found
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

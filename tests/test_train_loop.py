@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from trainer import checkpoint, lifeline
+from tasks.core import lifeline
+from trainer import checkpoint
 from trainer.config import ModelParams, OptimParams, ParallelParams, ScheduleParams, TrainParams
 from trainer.run import RunSpec, launch_and_kill, losses
 from trainer.run import launch as launch_run

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from tasks.core.errors import ConfigError
-from trainer import lifeline
+from tasks.core import lifeline
 from trainer.config import LaunchParams
 
 LOCAL = LaunchParams()
@@ -72,7 +72,7 @@ def command(module: str, config: Path, ranks: int, launch: LaunchParams = LOCAL)
 
 def environment(log: Path) -> dict:
     # one thread per rank: ranks x default threads on a few cores is ~10x slower (DESIGN.md)
-    # and the ranks stop when this process does (trainer.lifeline)
+    # and the ranks stop when this process does (tasks.core.lifeline)
     ours = {"DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR") or "cpu", "OMP_NUM_THREADS": "1",
             **lifeline.launcher_env()}
     # pdsh passes only a few variables to the other hosts: the rest go through DeepSpeed's env file
@@ -100,7 +100,7 @@ def first_error(log: Path) -> str:
 
 def start(module: str, config: Path, ranks: int, log: Path, launch: LaunchParams = LOCAL) -> subprocess.Popen:
     """The launch in its own session (`stop` kills it and its ranks; killed otherwise, its ranks stop
-    themselves, trainer.lifeline), output appended to `log`. Waits first for an earlier launch's ranks to be gone."""
+    themselves, tasks.core.lifeline), output appended to `log`. Waits first for an earlier launch's ranks to be gone."""
     lifeline.wait_for_ranks(Path(config).parent)
     with open(log, "ab") as out:
         return subprocess.Popen(command(module, config, ranks, launch), env=environment(log), stdout=out,

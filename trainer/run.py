@@ -54,7 +54,8 @@ def launch_and_kill(spec: RunSpec, after_step: int, timeout: float = 900) -> int
     last step logged. Raises if the run finished before the kill landed (give it more steps)."""
     import time
 
-    from trainer import launch as launcher, lifeline
+    from tasks.core import lifeline
+    from trainer import launch as launcher
     out = Path(spec.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "run.json").write_text(spec.model_dump_json())
@@ -84,7 +85,7 @@ def losses(out: Path) -> dict[int, float]:
 
 def main(argv: list[str]) -> int:
     from tasks.core.errors import describe
-    from trainer import lifeline
+    from tasks.core import lifeline
     from trainer.loop import train
     lifeline.watch("trainer.run")  # a rank does not outlive its launch (torchrun starts it in its own session)
     with lifeline.hold(Path(argv[0]).parent):  # a launch into this folder waits until every rank let go

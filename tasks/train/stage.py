@@ -108,7 +108,8 @@ def check_run(p: PipelineParams, ctx: Context) -> tuple[dict, TrainParams, list[
 
 
 def build_model(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
-    from trainer import checkpoint, launch, lifeline
+    from tasks.core import lifeline
+    from trainer import checkpoint, launch
     from trainer.export import export
     from trainer.run import RunSpec
     from trainer.schedule import whole_batches
