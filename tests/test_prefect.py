@@ -266,3 +266,12 @@ def running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_a_command_line_run_sends_no_telemetry(tmp_path):
+    # `python -m flows.pipeline` run without make (whose exports turn it off) had the temporary server
+    # try to reach Prefect's telemetry endpoint
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_SERVER_ANALYTICS_ENABLED", "DO_NOT_TRACK")}
+    code = "import flows.pipeline; from prefect.settings import get_current_settings as s; print(s().server.analytics_enabled)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "False", out.stderr[-2000:]
