@@ -229,24 +229,29 @@ def test_a_killed_command_line_run_leaves_no_temporary_server(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}  # Prefect starts its own server
     proc = subprocess.Popen([sys.executable, "-m", "flows.pipeline", "params.yaml", "sample"], cwd=repo, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    server = None
-    while server is None and proc.poll() is None:
-        server = next((pid for pid in children(proc.pid) if b"uvicorn" in cmdline(pid)), None)
-    assert server is not None, "the run ended before its temporary server was seen"
-    proc.kill()
-    proc.wait()
-    for _ in range(600):  # the watcher checks every second; SIGKILL follows SIGTERM after 5 s
-        if not running(server):
-            break
-        time.sleep(0.1)
-    assert not running(server), f"Prefect's temporary server {server} outlived the killed run"
+    server, deadline = None, time.monotonic() + 300
+    try:
+        while server is None and proc.poll() is None and time.monotonic() < deadline:
+            server = next((pid for pid in children(proc.pid) if b"uvicorn" in cmdline(pid)), None)
+            time.sleep(0.05)
+        assert server is not None, "no temporary server seen while the run ran"
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 60  # the watcher checks every second; SIGKILL follows SIGTERM after 5 s
+        while running(server) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not running(server), f"Prefect's temporary server {server} outlived the killed run"
+    finally:
+        proc.kill()
+        if server is not None and running(server):
+            os.kill(server, signal.SIGKILL)
 
 
 def children(pid: int) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and (entry / "stat").read_text().rsplit(")", 1)[1].split()[1] == str(pid):
+            if entry.name.isdigit() and (entry / "stat").read_bytes().rsplit(b")", 1)[1].split()[1] == b"%d" % pid:
                 found.append(int(entry.name))
         except OSError:
             pass
@@ -263,7 +268,7 @@ def cmdline(pid: int) -> bytes:
 def running(pid: int) -> bool:
     """Alive and not a zombie waiting to be reaped."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] != b"Z"
     except OSError:
         return False
 

@@ -83,8 +83,9 @@ def test_ranks_stop_when_the_process_that_launched_them_is_killed(tmp_path):
             "launch(RunSpec.model_validate_json(Path(sys.argv[1]).read_text()))")
     stage = subprocess.Popen([sys.executable, "-c", code, str(Path(s.out) / "spec.json")], cwd=REPO)
     metrics = Path(s.out) / "metrics.csv"
+    deadline = time.monotonic() + 600
     while not (metrics.is_file() and metrics.read_text().count("\n") > 2):
-        assert stage.poll() is None, "the run ended before it could be killed"
+        assert stage.poll() is None and time.monotonic() < deadline, "the run ended (or hung) before the kill"
         time.sleep(0.05)
     stage.kill()  # only the launching process, as `kill -9 <pid>` of the stage
     stage.wait()

@@ -5,6 +5,7 @@ with that rank's one-line error."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -147,10 +148,22 @@ def _run_echoing(cmd: list[str], log: Path, echo, timeout: float | None) -> int:
             proc.wait()
 
 
-def stop(proc: subprocess.Popen) -> None:
-    """kill -9 the launch: the launcher's session, and the ranks it started in sessions of their own."""
+def stop(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """Stop the launch: SIGTERM to the launcher's session first (DeepSpeed's runner then stops the other
+    hosts' ranks through pdsh, torchrun its own), then, after up to `grace_s`, kill -9 of the session and
+    of every local rank it started in a session of its own. grace_s 0: kill -9 at once, as a crash would."""
+    if grace_s > 0:
+        _signal_session(proc, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    _signal_session(proc, signal.SIGKILL)
+    lifeline.kill_launched()
+
+
+def _signal_session(proc: subprocess.Popen, sig: int) -> None:
     try:
-        os.killpg(proc.pid, 9)
+        os.killpg(proc.pid, sig)
     except ProcessLookupError:
         pass
-    lifeline.kill_launched()

@@ -66,10 +66,10 @@ def launch_and_kill(spec: RunSpec, after_step: int, timeout: float = 900) -> int
         if proc.poll() is not None:
             raise RuntimeError(f"the run ended (exit {proc.returncode}) before step {after_step}")
         if time.monotonic() > deadline:
-            launcher.stop(proc)
+            launcher.stop(proc, grace_s=0)
             raise TimeoutError(f"no step {after_step} within {timeout} s")
         time.sleep(0.05)
-    launcher.stop(proc)  # the launcher and every rank, as a crash of the machine would
+    launcher.stop(proc, grace_s=0)  # the launcher and every rank, as a crash of the machine would
     proc.wait()
     lifeline.wait_for_ranks(out)
     if (out / "result.json").is_file():
@@ -84,12 +84,14 @@ def losses(out: Path) -> dict[int, float]:
 
 
 def main(argv: list[str]) -> int:
-    from tasks.core.errors import describe
     from tasks.core import lifeline
-    from trainer.loop import train
-    lifeline.watch("trainer.run")  # a rank does not outlive its launch (torchrun starts it in its own session)
-    with lifeline.hold(Path(argv[0]).parent):  # a launch into this folder waits until every rank let go
+    from tasks.core.errors import describe
+    # first, before torch is imported: a rank does not outlive its launch (torchrun starts it in a
+    # session of its own), and a launch into this folder waits until every rank has let go of it
+    lifeline.watch("trainer.run")
+    with lifeline.hold(Path(argv[0]).parent):
         try:
+            from trainer.loop import train
             spec = RunSpec.model_validate_json(Path(argv[0]).read_text())
             Path(spec.out).mkdir(parents=True, exist_ok=True)  # every rank: whichever writes first finds it
             result = train(spec.train, samples_of(spec), Path(spec.out), spec.init_from and Path(spec.init_from))
@@ -100,6 +102,7 @@ def main(argv: list[str]) -> int:
         if int(os.environ.get("RANK", "0")) == 0:
             (Path(spec.out) / "result.json").write_text(json.dumps(result))
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -13,38 +13,59 @@
 - **What a command-line run starts.** `python -m flows.pipeline` without a server has Prefect start a
   temporary one (uvicorn, a child process) and stop it at exit; a kill -9 left it serving forever.
   `guard_descendants()` starts a small watcher that stops whatever the run started once it is gone.
+
+A process counts as gone once it has exited or is a zombie (killed, its parent not yet reaping it). A
+process is named by the machine's boot id, its pid namespace, its pid and its start time: on another
+machine or namespace (a rank on another host of a hostfile run) only the parent is watched.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import signal
-import socket
 import sys
 import threading
 import time
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
-
-from tasks.core.errors import StageBusy
 
 ENV = "MTNLG_LAUNCHER"
 SESSION_ENV = "MTNLG_SESSION"
 LOCK = ".ranks.lock"
 WATCH_EVERY_S = 1.0
+# file systems without flock (Lustre mounted noflock, some FUSE and CIFS mounts): no lock, not a crash
+_NO_FLOCK = (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL)
+
+
+def _stat(pid: int) -> list[bytes] | None:
+    """/proc/<pid>/stat's fields after the command name (which may hold spaces, parentheses or bytes
+    that are not UTF-8): [0] is the state, [19] the start time; None if there is no such process."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
 
 
 def start_time(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22); None if gone."""
+    fields = _stat(pid)
+    return fields[19].decode() if fields else None
+
+
+def _machine() -> str:
+    """This boot of this machine and this pid namespace: where a pid means the same process. (A host
+    name does not: containers and cloned nodes share them.)"""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}/{os.stat('/proc/self/ns/pid').st_ino}"
     except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]  # fields after the command name start at field 3
+        return "unknown"
 
 
 def identity(pid: int) -> str:
-    """`host:pid:start time`: names one process, even after its pid is reused."""
-    return f"{socket.gethostname()}:{pid}:{start_time(pid)}"
+    """`machine:pid:start time`: names one process, even after its pid is reused."""
+    return f"{_machine()}:{pid}:{start_time(pid)}"
 
 
 def launcher_env() -> dict[str, str]:
@@ -82,67 +103,92 @@ def kill_launched(sig: int = signal.SIGKILL) -> None:
 
 
 def gone(value: str) -> bool:
-    """The process an `identity` names has ended (False where it cannot be told: another host, no /proc)."""
-    host, pid, started = value.rsplit(":", 2)
-    if host != socket.gethostname() or started == "None":  # another host's process, or no /proc here
+    """The process an `identity` names has ended, or is a zombie (killed, not yet reaped by its parent).
+    False where it cannot be told: another machine or pid namespace (a rank on another host), no /proc."""
+    machine, pid, started = value.rsplit(":", 2)
+    if machine != _machine() or machine == "unknown" or started == "None":
         return False
-    return start_time(int(pid)) != started
+    fields = _stat(int(pid))
+    return fields is None or fields[19].decode() != started or fields[0] in (b"Z", b"X")
 
 
 def watch(label: str) -> None:
-    """In a rank: a daemon thread that ends the process once its parent or its launcher is gone."""
+    """In a rank, first thing: end the process once its parent or its launcher is gone (checked now,
+    then every second by a daemon thread)."""
     parent, launcher = os.getppid(), os.environ.get(ENV)
 
+    def orphaned() -> bool:
+        return os.getppid() != parent or bool(launcher and gone(launcher))
+
+    def stop() -> None:
+        try:
+            print(f"{label}: the launch that started this rank is gone (killed?); stopping it "
+                  f"(the last complete checkpoint stays)", file=sys.stderr, flush=True)
+        finally:
+            os._exit(1)
+
+    if launcher and gone(launcher):  # killed while this rank was starting
+        stop()
+
     def loop() -> None:
-        while True:
+        while not orphaned():
             time.sleep(WATCH_EVERY_S)
-            if os.getppid() != parent or (launcher and gone(launcher)):
-                try:
-                    print(f"{label}: the launch that started this rank is gone (killed?); stopping it "
-                          f"(the last complete checkpoint stays)", file=sys.stderr, flush=True)
-                finally:
-                    os._exit(1)
+        stop()
 
     threading.Thread(target=loop, name="lifeline", daemon=True).start()
 
 
+@contextmanager
+def _locked(folder: Path, mode: int):
+    """The run folder's ranks lock in `mode` for the block (nothing on a file system without flock)."""
+    with open(Path(folder) / LOCK, "a+") as fh:
+        try:
+            fcntl.flock(fh, mode)
+        except BlockingIOError:
+            raise
+        except OSError as e:
+            if e.errno not in _NO_FLOCK:
+                raise
+            print(f"note: {folder / LOCK}: no file locks on this file system ({e.strerror}); a launch "
+                  f"does not wait for an earlier one's ranks here", file=sys.stderr)
+        yield
+
+
 def hold(folder: Path):
-    """In a rank: hold the run folder's ranks lock (shared) until the process ends. Returns the file."""
-    fh = open(Path(folder) / LOCK, "a+")
-    fcntl.flock(fh, fcntl.LOCK_SH)
-    return fh
+    """In a rank: hold the run folder's ranks lock (shared) for the `with` block."""
+    return _locked(folder, fcntl.LOCK_SH) if Path(folder).is_dir() else nullcontext()
 
 
 def wait_for_ranks(folder: Path, timeout_s: float = 60.0) -> None:
     """Before a launch into `folder`: wait until no rank of an earlier launch holds its lock (a killed
     run's ranks stop within about a second); after `timeout_s`, one line saying which folder is busy."""
+    from tasks.core.errors import StageBusy
     if not Path(folder).is_dir():
         return  # nothing launched there yet
     deadline = time.monotonic() + timeout_s
-    with open(Path(folder) / LOCK, "a+") as fh:
-        while True:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return  # closing the file releases it for the ranks about to start
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise StageBusy(f"ranks of an earlier launch are still running in {folder} "
-                                    f"(`fuser -v {folder / LOCK}` lists them): stop them or wait") from None
-                time.sleep(0.2)
+    while True:
+        try:
+            with _locked(folder, fcntl.LOCK_EX | fcntl.LOCK_NB):
+                return  # leaving the block releases it for the ranks about to start
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise StageBusy(f"ranks of an earlier launch are still running in {folder} "
+                                f"(`fuser -v {folder / LOCK}` lists them): stop them or wait") from None
+            time.sleep(0.2)
 
 
 def guard_descendants() -> None:
     """Stop every process this one starts from now on (SIGTERM, SIGKILL 5 s later) once this one is gone,
     however it ends: they carry `MTNLG_SESSION` (its identity) in their environment, which a small
-    watcher process (`python -m tasks.core.lifeline`) looks for when this process has ended."""
+    watcher process (this file, run as a script) looks for when this process has ended. Once per process."""
     import subprocess
     me = identity(os.getpid())
-    if start_time(os.getpid()) is None:  # no /proc: the watcher could not tell when to act
+    if start_time(os.getpid()) is None or os.environ.get(SESSION_ENV) == me:  # no /proc, or watched already
         return
     os.environ[SESSION_ENV] = me
-    subprocess.Popen([sys.executable, "-S", "-m", "tasks.core.lifeline", me], stdin=subprocess.DEVNULL,
-                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                     cwd=Path(__file__).resolve().parents[2])
+    # a script in isolated mode: stdlib only, whatever PYTHONPATH, PYTHONSAFEPATH or the cwd are
+    subprocess.Popen([sys.executable, "-I", "-S", str(Path(__file__).resolve()), me], stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
 def _stop_descendants_of(watched: str) -> None:
@@ -161,5 +207,5 @@ def _stop_descendants_of(watched: str) -> None:
             left = processes_with(SESSION_ENV, watched)
 
 
-if __name__ == "__main__":  # the watcher: python -m tasks.core.lifeline <identity of the watched process>
+if __name__ == "__main__":  # the watcher: python -I -S tasks/core/lifeline.py <identity of the watched process>
     _stop_descendants_of(sys.argv[1])

@@ -1,0 +1,32 @@
+"""tasks.core.lifeline: how a process is told gone (the ranks' and the session watcher's test)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+from tasks.core import lifeline
+
+
+def test_a_killed_process_is_gone_even_before_its_parent_reaps_it():
+    child = subprocess.Popen(["sleep", "60"])
+    me = lifeline.identity(child.pid)
+    assert not lifeline.gone(me)
+    os.kill(child.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while not lifeline.gone(me) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert lifeline.gone(me)
+    assert open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"  # not reaped yet
+    child.wait()
+    assert lifeline.gone(me)
+
+
+def test_a_reused_pid_or_another_machine_is_not_the_process():
+    me = lifeline.identity(os.getpid())
+    machine, pid, started = me.rsplit(":", 2)
+    assert not lifeline.gone(me)
+    assert lifeline.gone(f"{machine}:{pid}:{int(started) + 1}")  # same pid, another start: reused
+    assert not lifeline.gone(f"another-boot/4026531836:{pid}:{started}")  # cannot be told: not gone
+    assert not lifeline.gone("another-boot/1:999999999:1")
