@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(stage: str, params_file: str) -> dict:
+    from tasks.core import lifeline
     from tasks.core.config import load_params
     from tasks.core.errors import ConfigError
     from tasks.core.registry import PIPELINE
@@ -55,6 +56,7 @@ def run(stage: str, params_file: str) -> dict:
         raise ConfigError(f"unknown stage {stage!r}; stages: {', '.join(PIPELINE)}")
     params = load_params(params_file)
     with stage_lock(params, stage):
+        lifeline.guard_descendants()  # what the stage starts (sandboxed extraction, ranks) ends with it
         stats = run_stage(stage, params, validation_follows=True)
         report = validate_stage(stage, params)
     summary = {k: stats[k] for k in ("stage", "shards", "docs_in", "docs_out", "dropped", "warnings") if k in stats}
