@@ -126,13 +126,21 @@ def publish(stats: dict, report: ValidationReport | None, p: PipelineParams, fai
                                     description=f"stats.json and validation of stage {stage}")
 
 
+def _validation_cell(val: dict | None) -> str:
+    """A stage's validation in the summary: not run (no suite, or the stage stopped before it: its
+    stats say pending), passed, or failed with its count."""
+    if not val or val.get("success") is None:
+        return "-" if not val else "not run"
+    return "passed" if val["success"] else f"**failed** ({len(val.get('failures', []))} failures)"
+
+
 def summary_markdown(rows: list[dict], p: PipelineParams, outcome: str) -> str:
     lines = [f"## Pipeline run: {outcome}", "",
              "| stage | docs in | docs out | dropped | seconds | validation | details |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
         stats, val = r.get("stats") or {}, (r.get("stats") or {}).get("validation")
-        check = ("passed" if val["success"] else "**failed**") + f" ({len(val['failures'])} failures)" if val else "-"
+        check = _validation_cell(val)
         link = f"[artifact]({artifact_url(r['artifact'])})" if r.get("artifact") else ""
         state = f"**{r['error']}**" if r.get("error") else ""
         lines.append(f"| {r['stage']} | {_cell(stats.get('docs_in', '-'))} | {_cell(stats.get('docs_out', '-'))} | "

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from flows.artifacts import publish
 from flows.runners import build_task_runner
 from tasks.core.config import PipelineParams, load_params
-from tasks.core.errors import ConfigError, describe
+from tasks.core.errors import ConfigError, describe, naming_full_disk
 from tasks.core.passes import Shard
 from tasks.core.registry import STAGES
 from tasks.core.runner import process_shard, run_stage, stage_lock, stats_path
@@ -71,7 +71,7 @@ def run_stage_flow(stage: str, p: PipelineParams) -> dict:
     from prefect.runtime import flow_run
     if flow_run.id:  # the stage's outputs record the flow run that made them (evaluation provenance)
         os.environ["PREFECT__FLOW_RUN_ID"] = str(flow_run.id)
-    with stage_lock(p, stage):
+    with naming_full_disk(p.paths.data_dir), stage_lock(p, stage):
         with watching(next(st for st in STAGES if st.name == stage), p):
             stats = run_stage(stage, p, map_shards=map_with_prefect, validation_follows=True)
         try:

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(stage: str, params_file: str) -> dict:
     from tasks.core import lifeline
     from tasks.core.config import load_params
-    from tasks.core.errors import ConfigError
+    from tasks.core.errors import ConfigError, naming_full_disk
     from tasks.core.registry import PIPELINE
     from tasks.core.runner import run_stage, stage_lock
     from tasks.validation import validate_stage
@@ -55,7 +55,7 @@ def run(stage: str, params_file: str) -> dict:
     if stage not in PIPELINE:
         raise ConfigError(f"unknown stage {stage!r}; stages: {', '.join(PIPELINE)}")
     params = load_params(params_file)
-    with stage_lock(params, stage):
+    with naming_full_disk(params.paths.data_dir), stage_lock(params, stage):
         lifeline.guard_descendants()  # what the stage starts (sandboxed extraction, ranks) ends with it
         stats = run_stage(stage, params, validation_follows=True)
         report = validate_stage(stage, params)

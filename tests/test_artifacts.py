@@ -13,3 +13,19 @@ def test_warnings_stand_above_the_table_and_are_not_metrics():
     assert "**Warning:** dedup.priority names 'Wiki', not a dataset of the input (CC\\|web): it ranks nothing" in head
     assert "warnings" not in table and "| docs in | 3 |" in table
     assert "Warning" not in stats_markdown({"stage": "dedup", "docs_in": 3}, None, parse_params({}))
+
+
+def test_the_summary_reads_a_stage_stopped_before_its_validation():
+    """A stage whose validation never ran (the disk filled while Data Docs were written) leaves stats.json
+    saying the validation is pending: the run's summary says so (it failed with KeyError 'failures')."""
+    from flows.artifacts import summary_markdown
+    rows = [{"stage": "extract", "stats": {"docs_in": 5, "docs_out": 4, "validation": {"success": True, "failures": []}}},
+            {"stage": "filter", "stats": {"docs_in": 4, "docs_out": 3, "validation": {"success": False,
+                                                                                    "failures": ["a", "b"]}}},
+            {"stage": "dedup", "stats": {"docs_in": 3, "validation": {"success": None, "pending": True}},
+             "error": "I/O error: No space left on device (ENOSPC) writing under data (0 B free there)"},
+            {"stage": "sample", "stats": {}}]
+    lines = summary_markdown(rows, parse_params({}), "failed").splitlines()
+    assert "| passed |" in lines[4] and "| **failed** (2 failures) |" in lines[5]
+    assert "| not run |" in lines[6] and "**I/O error: No space left on device (ENOSPC)" in lines[6]
+    assert lines[7].split("|")[6] == " - "

@@ -152,6 +152,57 @@ def test_full_disk_is_one_line_naming_the_path(tmp_path):
     assert leftovers == []
 
 
+@pytest.fixture
+def tiny_mount():
+    """Mount a 64 KiB tmpfs on a folder (skips where mounting is not permitted); unmounted after."""
+    mounted = []
+
+    def mount(folder: Path) -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)],
+                          capture_output=True).returncode != 0:
+            pytest.skip("mounting a small tmpfs is not permitted here")
+        mounted.append(folder)
+        return folder
+
+    yield mount
+    for folder in mounted:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_a_full_disk_that_names_no_file_names_the_data_folder_and_its_space(tmp_path, tiny_mount):
+    """numpy's np.save reports a short write as `N requested and M written` (no errno) and a plain
+    file write as ENOSPC with no path: both name the run's data folder and the space left."""
+    import numpy as np
+    from tasks.core.errors import describe, naming_full_disk
+    data = tiny_mount(tmp_path / "data")
+    lines = []
+    for write in (lambda: np.save(data / "a.npy", np.zeros(100_000)),
+                  lambda: open(data / "b.bin", "wb").write(b"x" * 200_000)):
+        with pytest.raises(OSError) as e:
+            with naming_full_disk(data):
+                write()
+        lines.append(describe(e.value))
+    (code, short), (code2, nospace) = lines
+    assert code == code2 == 1
+    assert short.startswith(f"I/O error: a write under {data} was cut short (") and " of 100000 items written; 0 B free "\
+        "there, " in short and short.endswith("): is the disk full?"), short
+    assert nospace.startswith(f"I/O error: No space left on device (ENOSPC) writing under {data} (0 B free there"), nospace
+
+
+def test_full_data_docs_is_one_line_naming_the_full_file_system(tmp_path, tiny_mount):
+    """Great Expectations writes Data Docs with no path in its error: the line names the data folder and
+    the space of each file system under it, the full one among them; the stage's outputs stay."""
+    _extract_ready(tmp_path)
+    docs = tiny_mount(tmp_path / "data/docs")
+    out = cli(tmp_path, "extract")
+    assert out.returncode == 1
+    line = one_line(out.stderr)
+    assert line.startswith(f"I/O error: No space left on device (ENOSPC) writing under {tmp_path / 'data'} ("), line
+    assert f"0 B in {docs}" in line, line
+    assert json.loads((tmp_path / "data/extract/stats.json").read_text())["validation"]["pending"] is True
+
+
 def test_stats_record_validation_seconds(tmp_path):
     _extract_ready(tmp_path)
     assert cli(tmp_path, "extract").returncode == 0

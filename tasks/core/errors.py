@@ -10,6 +10,12 @@ the console, in `dvc repro` and as a Prefect run's state message:
 from __future__ import annotations
 
 import errno
+import os
+import re
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
 
 
 class PipelineError(Exception):
@@ -70,11 +76,71 @@ class StageFailed(PipelineError, RuntimeError):
     label = "stage failed"
 
 
+class DiskFull(PipelineError, OSError):
+    """A write failed for want of space where the path was not named (Great Expectations writing Data
+    Docs) or with no errno at all (numpy's `np.save` reports a short fwrite as `N requested and M
+    written`): the line names the run's data folder and the space left, so the user knows what to free."""
+
+    label = "I/O error"
+
+
 def _io_line(e: OSError) -> str:
     code = errno.errorcode.get(e.errno or 0, "")
     what = e.strerror or str(e)
     paths = [str(p) for p in (e.filename, e.filename2) if p is not None]
     return f"I/O error: {what}" + (f" ({code})" if code else "") + (f": {' -> '.join(paths)}" if paths else "")
+
+
+_SHORT_WRITE = re.compile(r"(\d+) requested and (\d+) written")
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return ""
+
+
+def _free_space(folder: Path) -> str:
+    """'<free> free there' for the folder's file system, then for each other file system mounted in it
+    (a stage's folder, the Data Docs) or holding the temporary folder: the full one is among them."""
+    def device(path: Path) -> tuple[int, int] | None:
+        try:
+            return os.stat(path).st_dev, shutil.disk_usage(path).free
+        except OSError:
+            return None
+    top = Path(folder)
+    while not top.exists() and top != top.parent:
+        top = top.parent
+    try:
+        subfolders = sorted(f for f in top.iterdir() if f.is_dir())
+    except OSError:
+        subfolders = []
+    seen: dict[int, str] = {}
+    for path in [top, *subfolders, Path(tempfile.gettempdir())]:
+        if (found := device(path)) and found[0] not in seen:
+            seen[found[0]] = f"{_size(found[1])} " + ("free there" if not seen else f"in {path}")
+    return ", ".join(seen.values()) or "its free space unknown"
+
+
+@contextmanager
+def naming_full_disk(folder: Path):
+    """In a stage's run: a full disk whose error names no path, or a short write with no errno, becomes
+    one line naming `folder` (the run's data folder) and the space left."""
+    try:
+        yield
+    except OSError as e:
+        if isinstance(e, PipelineError) or e.filename is not None:
+            raise
+        if e.errno in _FULL:
+            raise DiskFull(f"{e.strerror} ({errno.errorcode[e.errno]}) writing under {folder} "
+                           f"({_free_space(folder)})") from e
+        if e.errno is None and (short := _SHORT_WRITE.fullmatch(str(e))):
+            raise DiskFull(f"a write under {folder} was cut short ({short[2]} of {short[1]} items written; "
+                           f"{_free_space(folder)}): is the disk full?") from e
+        raise
 
 
 def describe(e: BaseException) -> tuple[int, str]:
