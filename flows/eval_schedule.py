@@ -12,7 +12,8 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from flows.plots import data_uri, history_png
-from flows.stages import DEFAULT_PARAMS, guard_what_this_run_starts, resolve
+from flows import command_line
+from flows.stages import DEFAULT_PARAMS, resolve
 from tasks.core.config import PipelineParams
 from tasks.core.errors import describe
 from tasks.evaluate import history as hist
@@ -75,12 +76,15 @@ def evaluate_checkpoints(params: PipelineParams = DEFAULT_PARAMS, params_file: s
 
 def main(argv: list[str]) -> int:
     try:
-        guard_what_this_run_starts()
+        command_line.prepare()
         print(evaluate_checkpoints(params_file=argv[0] if argv else "params.yaml"))
     except Exception as e:  # noqa: BLE001
         code, line = describe(e)
         print(line, file=sys.stderr)
         return code
+    except KeyboardInterrupt:  # Ctrl-C: the checkpoints evaluated so far stay in the history
+        print("interrupted: evaluation stopped; rerun it to go on", file=sys.stderr)
+        return 130
     return 0
 
 

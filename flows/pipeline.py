@@ -15,7 +15,8 @@ from prefect.states import Failed
 
 from flows.dvc_sync import record_in_dvc
 from flows.artifacts import publish_summary
-from flows.stages import DEFAULT_PARAMS, STAGE_FLOWS, failed, guard_what_this_run_starts, resolve
+from flows import command_line
+from flows.stages import DEFAULT_PARAMS, STAGE_FLOWS, failed, resolve
 from tasks.core.config import PipelineParams, load_params
 from tasks.core.errors import ConfigError, describe, exit_code_of
 from tasks.core import registry
@@ -79,8 +80,12 @@ def main(argv: list[str]) -> int:
     except ConfigError as e:
         print(describe(e)[1], file=sys.stderr)
         return 2
-    guard_what_this_run_starts()
-    state = pretraining_pipeline(params_file=params_file, stages=stages or None, return_state=True)
+    try:
+        command_line.prepare()
+        state = pretraining_pipeline(params_file=params_file, stages=stages or None, return_state=True)
+    except KeyboardInterrupt:  # Ctrl-C: finished shards and checkpoints stay, the rest is redone by a rerun
+        print("interrupted: the pipeline stopped; rerun it to resume", file=sys.stderr)
+        return 130
     if not state.is_completed():
         print(state.message, file=sys.stderr)
         return exit_code_of(state.message or "")

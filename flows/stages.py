@@ -165,9 +165,3 @@ def _stage_flow(st: Stage):
 
 STAGE_FLOWS = {st.name: _stage_flow(st) for st in STAGES}
 
-
-def guard_what_this_run_starts() -> None:
-    """For a command-line run: what it starts (Prefect's temporary server when no server is configured,
-    a stage's children) is stopped once it is gone, even by kill -9 (tasks.core.lifeline)."""
-    from tasks.core import lifeline
-    lifeline.guard_descendants()

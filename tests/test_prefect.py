@@ -247,6 +247,39 @@ def test_a_killed_command_line_run_leaves_no_temporary_server(tmp_path):
             os.kill(server, signal.SIGKILL)
 
 
+def test_ctrl_c_of_a_command_line_run_ends_it_at_once_and_leaves_no_server(tmp_path):
+    """Ctrl-C in a terminal signals the whole foreground process group, Prefect's temporary server with
+    it: the run then spent minutes retrying its last API calls against the dead server before it exited."""
+    repo = copy_project(tmp_path / "repo")
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}  # Prefect starts its own server
+    log = tmp_path / "run.log"
+    # as a shell started from a terminal runs it: its own process group, SIGINT not ignored (a runner may ignore it)
+    start = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.executable, sys.argv[1:])"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-c", start, sys.executable, "-m", "flows.pipeline", "params.yaml"],
+                                cwd=repo, env=env, stdout=out, stderr=subprocess.STDOUT, process_group=0)
+    server, deadline = None, time.monotonic() + 300
+    try:
+        while proc.poll() is None and time.monotonic() < deadline and b"for flow 'stage-download'" not in log.read_bytes():
+            time.sleep(0.1)
+        server = next((pid for pid in children(proc.pid) if b"uvicorn" in cmdline(pid)), None)
+        assert server is not None and proc.poll() is None, log.read_text()[-3000:]
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does
+        try:
+            code = proc.wait(timeout=120)  # minutes before; a few seconds now
+        except subprocess.TimeoutExpired:
+            pytest.fail("the run was still going 120 s after Ctrl-C:\n" + log.read_text()[-3000:])
+        text = log.read_text()
+        assert code == 130, text[-3000:]
+        assert "interrupted: the pipeline stopped; rerun it to resume" in text and "Traceback" not in text, text[-3000:]
+        assert "Crashed('Execution was aborted by an interrupt signal.')" in text  # recorded while the server lived
+        assert not running(server), "Prefect's temporary server outlived the run"
+    finally:
+        proc.kill()
+        if server is not None and running(server):
+            os.kill(server, signal.SIGKILL)
+
+
 def children(pid: int) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():

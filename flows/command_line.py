@@ -1,0 +1,32 @@
+"""What a command-line run (`python -m flows.pipeline`, `python -m flows.eval_schedule`) sets up before
+its first flow, so that however it ends it leaves nothing behind and ends promptly.
+
+- What it starts is stopped once it is gone, even by kill -9 (tasks.core.lifeline).
+- With no server configured, Prefect starts a temporary one as a child process. Ctrl-C in a terminal
+  signals the whole foreground process group, so that server died with the run it serves, and the run
+  then spent minutes retrying its last API calls (the progress artifact, the crash report) against it
+  before it exited. Started here with SIGINT blocked (a blocked signal stays blocked across fork and
+  exec, and uvicorn's handler is never called), the server outlives the Ctrl-C, records the run as
+  crashed, and is stopped by Prefect at exit with SIGTERM, as before.
+"""
+from __future__ import annotations
+
+import signal
+
+
+def prepare() -> None:
+    from tasks.core import lifeline
+    lifeline.guard_descendants()
+    _start_temporary_server_apart_from_ctrl_c()
+
+
+def _start_temporary_server_apart_from_ctrl_c() -> None:
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        return  # a server of the user's: not ours to start
+    from prefect.server.api.server import SubprocessASGIServer
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        SubprocessASGIServer().start()  # the instance Prefect's clients then find and use (one per process)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
