@@ -203,6 +203,52 @@ def test_full_data_docs_is_one_line_naming_the_full_file_system(tmp_path, tiny_m
     assert json.loads((tmp_path / "data/extract/stats.json").read_text())["validation"]["pending"] is True
 
 
+def test_a_full_disk_with_no_file_named_without_a_mount(tmp_path, monkeypatch):
+    """The same lines where mounting is not permitted (CI): an ENOSPC with no path and numpy's short
+    write name the data folder; a failure while measuring the space still gives the line, never hides
+    it; errors that name their file, or are not a full disk, pass through unchanged."""
+    import errno
+    from tasks.core import errors
+    from tasks.core.errors import DiskFull, describe, naming_full_disk
+    data = tmp_path / "data"
+    (data / "docs").mkdir(parents=True)
+
+    def raised(e: BaseException) -> BaseException:
+        with pytest.raises(BaseException) as caught:
+            with naming_full_disk(data):
+                raise e
+        return caught.value
+
+    nospace = raised(OSError(errno.ENOSPC, "No space left on device"))
+    assert isinstance(nospace, DiskFull)
+    code, line = describe(nospace)
+    assert code == 1 and line.startswith(f"I/O error: No space left on device (ENOSPC) writing under {data} ("), line
+    assert " free there" in line, line
+    code, line = describe(raised(OSError("5 requested and 3 written")))
+    assert line.startswith(f"I/O error: a write under {data} was cut short (3 of 5 items written; "), line
+
+    monkeypatch.setattr(errors, "_free_space_of", lambda folder: 1 / 0)
+    code, line = describe(raised(OSError(errno.EDQUOT, "Disk quota exceeded")))
+    assert line == f"I/O error: Disk quota exceeded (EDQUOT) writing under {data} (its free space unknown)", line
+
+    named = OSError(errno.ENOSPC, "No space left on device", str(data / "x"))
+    assert raised(named) is named
+    denied = OSError(errno.EACCES, "Permission denied")
+    assert raised(denied) is denied
+
+
+def test_a_rank_line_keeps_its_kind_and_an_io_error_stays_a_training_error():
+    """A training rank's one-line error becomes the same kind in the stage; an I/O line (a permission
+    error as much as a full disk) stays a TrainingError, not DiskFull, which only the stage's own
+    wrapper makes."""
+    from tasks.core.errors import ConfigError, DiskFull, TrainingError, from_line
+    assert type(from_line("configuration error: train.lr must be > 0")) is ConfigError
+    for line in ("I/O error: Permission denied (EACCES): /data/x", "I/O error: No space left on device (ENOSPC)"):
+        error = from_line(line, " (stage 'train')")
+        assert type(error) is TrainingError and not isinstance(error, DiskFull), line
+        assert str(error) == line + " (stage 'train')"
+
+
 def test_stats_record_validation_seconds(tmp_path):
     _extract_ready(tmp_path)
     assert cli(tmp_path, "extract").returncode == 0

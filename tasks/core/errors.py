@@ -106,12 +106,21 @@ def _size(n: float) -> str:
 def _free_space(folder: Path) -> str:
     """'<free> free there' for the folder's file system, then for each other file system mounted in it
     (a stage's folder, the Data Docs) or holding the temporary folder: the full one is among them."""
+    try:
+        return _free_space_of(Path(folder))
+    except Exception:  # the report must never hide the error it reports
+        return "its free space unknown"
+
+
+def _free_space_of(folder: Path) -> str:
     def device(path: Path) -> tuple[int, int] | None:
         try:
             return os.stat(path).st_dev, shutil.disk_usage(path).free
         except OSError:
             return None
-    top = Path(folder)
+    # not tempfile.gettempdir(): on first use it writes a probe file, which on a full disk fails
+    temporary = Path(tempfile.tempdir or os.environ.get("TMPDIR") or "/tmp")
+    top = folder
     while not top.exists() and top != top.parent:
         top = top.parent
     try:
@@ -119,7 +128,7 @@ def _free_space(folder: Path) -> str:
     except OSError:
         subfolders = []
     seen: dict[int, str] = {}
-    for path in [top, *subfolders, Path(tempfile.gettempdir())]:
+    for path in [top, *subfolders, temporary]:
         if (found := device(path)) and found[0] not in seen:
             seen[found[0]] = f"{_size(found[1])} " + ("free there" if not seen else f"in {path}")
     return ", ".join(seen.values()) or "its free space unknown"
@@ -160,8 +169,10 @@ def from_line(line: str, suffix: str = "") -> PipelineError:
         classes.append(cls := todo.pop())
         todo += cls.__subclasses__()
     for cls in classes:
-        # only errors built from their message alone (not ExpectationFailed, which carries a report)
-        if cls is not PipelineError and "__init__" not in cls.__dict__ and line.startswith(cls.label + ": "):
+        # only errors built from their message alone (not ExpectationFailed, which carries a report),
+        # and not DiskFull: its label is every I/O error's ("I/O error: Permission denied ...")
+        if (cls is not PipelineError and "__init__" not in cls.__dict__ and not issubclass(cls, OSError)
+                and line.startswith(cls.label + ": ")):
             return cls(line[len(cls.label) + 2:] + suffix)
     return TrainingError(line + suffix)
 
