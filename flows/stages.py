@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from flows.artifacts import publish
 from flows.runners import build_task_runner
+from flows.shard_threads import ShardThreads, running_shard
 from tasks.core.config import PipelineParams, load_params
 from tasks.core.errors import ConfigError, describe, naming_full_disk
 from tasks.core.passes import Shard
@@ -31,7 +32,8 @@ from tasks.validation import ExpectationFailed, validate_stage
 
 @task(name="shard", task_run_name="{stage}.{pass_name}:{shard.name}", cache_policy=NO_CACHE, persist_result=False)
 def shard_task(stage: str, pass_name: str, params: PipelineParams, shard: Shard, ctx: Context) -> dict:
-    return process_shard(stage, pass_name, params, shard, ctx)
+    with running_shard():  # an interrupt of the run reaches it (flows/shard_threads.py)
+        return process_shard(stage, pass_name, params, shard, ctx)
 
 
 def map_with_prefect(stage: str, pass_name: str, p: PipelineParams, shards: list[Shard], ctx: Context) -> list[dict]:
@@ -39,7 +41,7 @@ def map_with_prefect(stage: str, pass_name: str, p: PipelineParams, shards: list
     if not shards:
         return []
     progress = create_progress_artifact(0.0, description=f"{stage}: pass {pass_name}, {len(shards)} shards")
-    with build_task_runner(p.runner) as runner, \
+    with build_task_runner(p.runner) as runner, ShardThreads().mapping(), \
             tqdm(total=len(shards), desc=f"{stage}.{pass_name}", unit="shard", disable=None) as bar:
         futures = [runner.submit(shard_task, {"stage": stage, "pass_name": pass_name, "params": p, "shard": s,
                                               "ctx": ctx}) for s in shards]

@@ -12,3 +12,8 @@ def upper_or_hang(x: str) -> str:
 
 def not_plain_data(x: str) -> object:
     return object() if x == "object" else x
+
+
+def slow_upper(x: str) -> str:
+    time.sleep(0.5)
+    return x.upper()

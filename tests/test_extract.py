@@ -121,6 +121,44 @@ def test_a_reused_worker_starts_each_call_with_a_fresh_clock():
         w.close()
 
 
+def test_ctrl_c_reaching_the_child_mid_item_leaves_it_working(capfd):
+    """Ctrl-C in a terminal signals the whole process group, the sandbox child with it: the child died
+    with a KeyboardInterrupt traceback on the console, and its page was either resent to a new child
+    or, where the parent read the closed pipe first, dropped as an extract error. The parent decides."""
+    import os
+    import signal
+    import time
+    w = TimeLimitedWorker("tests.sandbox_targets:slow_upper")
+    # a child inherits an ignored SIGINT (a runner or a `&` job may ignore it); a handled one is reset
+    # to the default on exec, which is what a child started from a terminal's run has
+    ignored = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        results = w.map(["a", "b", "c"], time_limit=30.0)
+        assert next(results) == (True, "A")
+        time.sleep(0.2)  # the child is inside "b" now
+        child = w.proc.pid
+        os.kill(child, signal.SIGINT)
+        assert list(results) == [(True, "B"), (True, "C")]
+        assert w.proc.pid == child and w.proc.poll() is None
+        assert "KeyboardInterrupt" not in capfd.readouterr().err
+    finally:
+        signal.signal(signal.SIGINT, ignored)
+        w.close()
+
+
+def test_a_caller_that_stops_early_leaves_no_answers_for_the_next_call():
+    """A shard that fails or is interrupted mid-way leaves the child with items it still answers; the
+    next call on the same thread's worker must not take those answers for its own items."""
+    w = TimeLimitedWorker("tests.sandbox_targets:slow_upper")
+    try:
+        results = w.map(["a", "b", "c", "d"], time_limit=30.0)
+        assert next(results) == (True, "A")
+        results.close()  # what an exception in the caller's loop does to the generator
+        assert list(w.map(["x", "y"], time_limit=30.0)) == [(True, "X"), (True, "Y")]
+    finally:
+        w.close()
+
+
 def test_trafilatura_option(extracted, tmp_path):
     p = parse_params(small_raw(tmp_path / "data", extract={"extractor": "trafilatura"}))
     warc = sorted((Path(extracted.paths.data_dir) / "download/shards").glob("*.warc.gz"))[0]

@@ -2,6 +2,7 @@
 deployment from prefect.yaml triggered as the UI does, and shards on an existing Dask cluster."""
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -9,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -16,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tasks.sample.server import StaticHandler, StaticServer
 from tests.conftest import BIN, free_port
 from tests.project_copy import copy_project
 from tests.test_dvc import dvc, ran
@@ -253,11 +256,7 @@ def test_ctrl_c_of_a_command_line_run_ends_it_at_once_and_leaves_no_server(tmp_p
     repo = copy_project(tmp_path / "repo")
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}  # Prefect starts its own server
     log = tmp_path / "run.log"
-    # as a shell started from a terminal runs it: its own process group, SIGINT not ignored (a runner may ignore it)
-    start = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.executable, sys.argv[1:])"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-c", start, sys.executable, "-m", "flows.pipeline", "params.yaml"],
-                                cwd=repo, env=env, stdout=out, stderr=subprocess.STDOUT, process_group=0)
+    proc = from_a_terminal([sys.executable, "-m", "flows.pipeline", "params.yaml"], repo, env, log)
     server, deadline = None, time.monotonic() + 300
     try:
         while proc.poll() is None and time.monotonic() < deadline and b"for flow 'stage-download'" not in log.read_bytes():
@@ -278,6 +277,79 @@ def test_ctrl_c_of_a_command_line_run_ends_it_at_once_and_leaves_no_server(tmp_p
         proc.kill()
         if server is not None and running(server):
             os.kill(server, signal.SIGKILL)
+
+
+def from_a_terminal(cmd: list[str], cwd: Path, env: dict, log: Path) -> subprocess.Popen:
+    """Start `cmd` as a shell started from a terminal runs it: its own process group (Ctrl-C signals
+    the group), SIGINT neither ignored nor blocked (a test runner or a `&` job may have either)."""
+    start = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+             "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); os.execv(sys.executable, sys.argv[1:])")
+    with open(log, "wb") as out:
+        return subprocess.Popen([sys.executable, "-c", start, *cmd], cwd=cwd, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, process_group=0)
+
+
+class TrickleHandler(StaticHandler):
+    """Serves each file slowly, as a far or loaded server does a 1 GB WARC file: 4 KiB per 50 ms until
+    the file ends or the test releases it."""
+    release = threading.Event()
+    requests = 0
+
+    def send_body(self, data: bytes, start: int, status: int) -> None:
+        TrickleHandler.requests += 1  # the server serves a subclass bound to its root
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data) - start))
+        self.end_headers()
+        for at in range(start, len(data), 4096):
+            if self.release.is_set():
+                break
+            self.wfile.write(data[at:at + 4096])
+            self.wfile.flush()
+            time.sleep(0.05)
+        self.close_connection = True
+
+
+def test_ctrl_c_stops_the_shards_in_progress_not_after_them(tmp_path):
+    """Only the main thread gets Ctrl-C's KeyboardInterrupt, and the task runner's exit waits for its
+    threads: the run went on until every shard in progress had finished (with real WARC files, many
+    minutes) before it said it was interrupted. Here two downloads that take ~6 minutes each are under way."""
+    root = tmp_path / "served"
+    listing = root / "crawl-data/CC-MAIN-2020-50/warc.paths.gz"
+    listing.parent.mkdir(parents=True)
+    names = [f"crawl-data/CC-MAIN-2020-50/segments/1/warc/CC-MAIN-20201123153826-20201123183826-0000{i}.warc.gz" for i in range(2)]
+    listing.write_bytes(gzip.compress("\n".join(names).encode(), mtime=0))
+    for name in names:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(os.urandom(30 << 20))  # 30 MiB at 80 KiB/s: about 6 minutes
+    TrickleHandler.release.clear()
+    TrickleHandler.requests = 0
+    with StaticServer(root, TrickleHandler) as url:
+        repo = copy_project(tmp_path / "repo", download={"source": "commoncrawl", "base_url": url,
+                                                         "crawl_id": "CC-MAIN-2020-50", "n_files": 2},
+                            runner={"kind": "threads", "max_workers": 2})
+        env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+        log = tmp_path / "run.log"
+        proc = from_a_terminal([sys.executable, "-m", "flows.pipeline", "params.yaml", "download"], repo, env, log)
+        try:
+            deadline = time.monotonic() + 300
+            while proc.poll() is None and TrickleHandler.requests < 3 and time.monotonic() < deadline:
+                time.sleep(0.1)  # the listing, then both files under way
+            assert proc.poll() is None and TrickleHandler.requests == 3, log.read_text()[-3000:]
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                code = proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                pytest.fail("the run was still going 120 s after Ctrl-C:\n" + log.read_text()[-3000:])
+        finally:
+            TrickleHandler.release.set()
+            proc.kill()
+    text = log.read_text()
+    assert code == 130 and "interrupted: the pipeline stopped; rerun it to resume" in text, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    assert text.count("Finished in state Crashed('Execution was aborted by an interrupt signal.')") >= 2 + 2, text[-3000:]
+    shards = repo / "data/download/shards"
+    assert not (repo / "data/download/completions").exists() or not any((repo / "data/download/completions").iterdir())
+    assert not shards.exists() or list(shards.iterdir()) == []  # no partial file passes for a download
 
 
 def children(pid: int) -> list[int]:

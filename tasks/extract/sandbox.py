@@ -102,7 +102,15 @@ class TimeLimitedWorker:
         An item's clock starts when the child answered the item before it (the child works in
         order), so queued items never count against each other.
         """
-        it, pending, exhausted = iter(items), deque(), False  # pending: (item, frame size)
+        pending: deque = deque()  # (item, frame size)
+        try:
+            yield from self._map(iter(items), time_limit, pending)
+        finally:
+            if pending:  # left early (the caller failed or was interrupted): the child still owes answers
+                self._kill()  # that the next call would take for its own
+
+    def _map(self, it: Iterator[Any], time_limit: float, pending: deque) -> Iterator[tuple[bool, Any]]:
+        exhausted = False
         unsent, pending_bytes, last = bytearray(), 0, time.monotonic()  # a reused child is idle now
         nap = POLL_MIN_S
         while True:

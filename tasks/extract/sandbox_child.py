@@ -9,6 +9,7 @@ importing pickle alone took a quarter of the child's start. The first frame the 
 import importlib
 import marshal
 import os
+import signal
 import struct
 import sys
 
@@ -53,6 +54,10 @@ def read_frame(fd: int):
 
 def serve(target: str) -> None:
     """Answer every item frame with (True, fn(item)) or (False, "Error: message"); stop on None/EOF."""
+    # Ctrl-C in a terminal signals the whole process group: a child that died of it mid-item was taken
+    # for a crash on that page, which was then dropped from a shard that completed. The parent stops
+    # the child (it closes the pipe or kills it) when it is interrupted itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     module, _, name = target.partition(":")
     fn = getattr(importlib.import_module(module), name)
     rfd, wfd = sys.stdin.fileno(), sys.stdout.fileno()
