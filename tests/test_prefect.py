@@ -2,6 +2,7 @@
 deployment from prefect.yaml triggered as the UI does, and shards on an existing Dask cluster."""
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -300,23 +301,25 @@ class TrickleHandler(StaticHandler):
         self.send_response(status)
         self.send_header("Content-Length", str(len(data) - start))
         self.end_headers()
-        for at in range(start, len(data), 4096):
-            if self.release.is_set():
-                break
-            self.wfile.write(data[at:at + 4096])
-            self.wfile.flush()
-            time.sleep(0.05)
         self.close_connection = True
+        with contextlib.suppress(ConnectionError):  # the client went away: what an interrupt does
+            for at in range(start, len(data), 4096):
+                if self.release.is_set():
+                    break
+                self.wfile.write(data[at:at + 4096])
+                self.wfile.flush()
+                time.sleep(0.05)
 
 
-def test_ctrl_c_stops_the_shards_in_progress_not_after_them(tmp_path):
-    """Only the main thread gets Ctrl-C's KeyboardInterrupt, and the task runner's exit waits for its
-    threads: the run went on until every shard in progress had finished (with real WARC files, many
-    minutes) before it said it was interrupted. Here two downloads that take ~6 minutes each are under way."""
+@pytest.fixture
+def slow_crawl(tmp_path):
+    """A crawl listing two WARC files that a server on 127.0.0.1 trickles (about 6 minutes each);
+    yields its base URL and the params that download it with two threads."""
     root = tmp_path / "served"
     listing = root / "crawl-data/CC-MAIN-2020-50/warc.paths.gz"
     listing.parent.mkdir(parents=True)
-    names = [f"crawl-data/CC-MAIN-2020-50/segments/1/warc/CC-MAIN-20201123153826-20201123183826-0000{i}.warc.gz" for i in range(2)]
+    names = [f"crawl-data/CC-MAIN-2020-50/segments/1/warc/CC-MAIN-20201123153826-20201123183826-0000{i}.warc.gz"
+             for i in range(2)]
     listing.write_bytes(gzip.compress("\n".join(names).encode(), mtime=0))
     for name in names:
         (root / name).parent.mkdir(parents=True, exist_ok=True)
@@ -324,32 +327,77 @@ def test_ctrl_c_stops_the_shards_in_progress_not_after_them(tmp_path):
     TrickleHandler.release.clear()
     TrickleHandler.requests = 0
     with StaticServer(root, TrickleHandler) as url:
-        repo = copy_project(tmp_path / "repo", download={"source": "commoncrawl", "base_url": url,
-                                                         "crawl_id": "CC-MAIN-2020-50", "n_files": 2},
-                            runner={"kind": "threads", "max_workers": 2})
-        env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-        log = tmp_path / "run.log"
-        proc = from_a_terminal([sys.executable, "-m", "flows.pipeline", "params.yaml", "download"], repo, env, log)
         try:
-            deadline = time.monotonic() + 300
-            while proc.poll() is None and TrickleHandler.requests < 3 and time.monotonic() < deadline:
-                time.sleep(0.1)  # the listing, then both files under way
-            assert proc.poll() is None and TrickleHandler.requests == 3, log.read_text()[-3000:]
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                code = proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                pytest.fail("the run was still going 120 s after Ctrl-C:\n" + log.read_text()[-3000:])
+            yield {"download": {"source": "commoncrawl", "base_url": url, "crawl_id": "CC-MAIN-2020-50", "n_files": 2},
+                   "runner": {"kind": "threads", "max_workers": 2}}
         finally:
             TrickleHandler.release.set()
-            proc.kill()
+
+
+def both_files_under_way(proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and TrickleHandler.requests < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)  # the listing, then both files
+    assert proc.poll() is None and TrickleHandler.requests == 3, log.read_text()[-3000:]
+
+
+def no_download_done(repo: Path) -> None:
+    done, shards = repo / "data/download/completions", repo / "data/download/shards"
+    assert not done.exists() or list(done.iterdir()) == []
+    assert not shards.exists() or list(shards.iterdir()) == []  # no partial file passes for a download
+
+
+def test_ctrl_c_stops_the_shards_in_progress_not_after_them(tmp_path, slow_crawl):
+    """Only the main thread gets Ctrl-C's KeyboardInterrupt, and the task runner's exit waits for its
+    threads: the run went on until every shard in progress had finished (with real WARC files, many
+    minutes) before it said it was interrupted."""
+    repo = copy_project(tmp_path / "repo", **slow_crawl)
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    log = tmp_path / "run.log"
+    proc = from_a_terminal([sys.executable, "-m", "flows.pipeline", "params.yaml", "download"], repo, env, log)
+    try:
+        both_files_under_way(proc, log)
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            code = proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the run was still going 120 s after Ctrl-C:\n" + log.read_text()[-3000:])
+    finally:
+        proc.kill()
     text = log.read_text()
     assert code == 130 and "interrupted: the pipeline stopped; rerun it to resume" in text, text[-3000:]
     assert "Traceback" not in text, text[-3000:]
     assert text.count("Finished in state Crashed('Execution was aborted by an interrupt signal.')") >= 2 + 2, text[-3000:]
-    shards = repo / "data/download/shards"
-    assert not (repo / "data/download/completions").exists() or not any((repo / "data/download/completions").iterdir())
-    assert not shards.exists() or list(shards.iterdir()) == []  # no partial file passes for a download
+    no_download_done(repo)
+
+
+def test_cancel_from_the_ui_stops_the_shards_in_progress(server, tmp_path, slow_crawl):
+    """Cancel on a deployment's run, as the UI sends it: the shards in progress went on to their end
+    before the run was cancelled."""
+    repo = copy_project(tmp_path / "repo", **slow_crawl)
+    prefect = str(BIN / "prefect")
+    run([prefect, "work-pool", "create", "local-process", "--type", "process", "--overwrite"], repo, server)
+    run([prefect, "--no-prompt", "deploy", "--all"], repo, {**server, "PWD": str(repo)})
+    out = run([prefect, "deployment", "run", "pretraining-pipeline/sample", "--param", 'stages=["download"]'],
+              repo, server)
+    run_id = re.search(r"UUID: ([0-9a-f-]{36})", out).group(1)
+    log = tmp_path / "worker.log"
+    with open(log, "wb") as sink:
+        worker = subprocess.Popen([prefect, "worker", "start", "--pool", "local-process", "--run-once"], cwd=repo,
+                                  env=server, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        both_files_under_way(worker, log)
+        api(server, f"/flow_runs/{run_id}/set_state", {"state": {"type": "CANCELLING", "name": "Cancelling"},
+                                                        "force": True})
+        try:
+            worker.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the run was still going 120 s after its cancel:\n" + log.read_text()[-3000:])
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # whatever the run left (nothing, once it works)
+            os.killpg(worker.pid, signal.SIGKILL)
+    assert api(server, f"/flow_runs/{run_id}")["state_type"] in ("CANCELLING", "CANCELLED"), log.read_text()[-3000:]
+    no_download_done(repo)
 
 
 def children(pid: int) -> list[int]:
