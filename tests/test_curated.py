@@ -171,8 +171,11 @@ def test_bad_lines_are_counted_and_skipped(tmp_path):
     assert docs == [] and st.extra == {"empty_files": 1}
 
 
-@pytest.mark.parametrize("listing,message", [(gzip.compress(b"\n"), "lists no files"),
-                                             (gzip.compress(b"\xff\xfe w\x00a\x00r\x00c\x00"), "not a gzip list of paths")])
+# mtime=0 and ids: gzip stamps the time, and two test workers that collect a second apart must see the
+# same test names (pytest-xdist refuses to run otherwise)
+@pytest.mark.parametrize("listing,message", [(gzip.compress(b"\n", mtime=0), "lists no files"),
+                                             (gzip.compress(b"\xff\xfe w\x00a\x00r\x00c\x00", mtime=0),
+                                              "not a gzip list of paths")], ids=["empty", "utf16"])
 def test_a_crawl_listing_that_lists_nothing_usable_is_named(tmp_path, listing, message):
     from tasks.sample.server import StaticServer
 
