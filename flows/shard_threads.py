@@ -1,15 +1,20 @@
-"""Stop a stage's shards promptly when the run is interrupted (Ctrl-C, or the SIGINT a Prefect worker
-sends a flow run it stops).
+"""Stop a stage's shards promptly when the run is interrupted (Ctrl-C, or Prefect's cancellation of a
+deployment's run).
 
 The threads and sequential task runners run shards in worker threads, and only the main thread gets
 the KeyboardInterrupt. A thread cannot be killed, and both the task runner's exit and the
 interpreter's wait for every running thread, so an interrupted run went on until each shard in
-progress had finished: seconds on the sample, many minutes for a real WARC file. Here each running
-shard's thread gets the KeyboardInterrupt too (CPython's PyThreadState_SetAsyncExc, as Prefect's own
-thread cancel scopes do), at its next Python instruction. A shard stopped midway leaves only a
-temporary file (its output and marker are written atomically, as after kill -9); the rerun redoes it.
+progress had finished: seconds on the sample, many minutes for a real WARC file. Now:
 
-The processes and dask runners' workers get the terminal's SIGINT themselves.
+1. the shards are asked to stop (tasks.core.stopping); shard code checks at each document, page or
+   downloaded chunk, and one about to start does not;
+2. a shard still running after `grace_s` (it loops somewhere without a check) gets a KeyboardInterrupt
+   raised in its thread (CPython's PyThreadState_SetAsyncExc, as Prefect's own thread cancel scopes
+   do). That lands at its next Python instruction, wherever it is, which is why it is the fallback.
+
+A shard stopped midway leaves only a temporary file (its output and marker are written atomically, as
+after kill -9); the rerun redoes it. The processes and dask runners' workers get the terminal's SIGINT
+themselves.
 """
 from __future__ import annotations
 
@@ -17,6 +22,9 @@ import contextlib
 import contextvars
 import ctypes
 import threading
+import time
+
+from tasks.core.stopping import ShardsStopped, stoppable
 
 _RUNNING: contextvars.ContextVar["ShardThreads | None"] = contextvars.ContextVar("shard_threads", default=None)
 
@@ -24,30 +32,43 @@ _RUNNING: contextvars.ContextVar["ShardThreads | None"] = contextvars.ContextVar
 class ShardThreads:
     """The threads running one stage pass's shards right now."""
 
-    def __init__(self) -> None:
+    def __init__(self, grace_s: float = 5.0) -> None:
+        self.grace_s = grace_s
+        self.requested = threading.Event()
         self._lock = threading.Lock()
         self._idents: set[int] = set()
 
     @contextlib.contextmanager
     def mapping(self):
         """While the main thread maps shards: tasks submitted in here (Prefect copies the context into
-        each task's thread) register their thread; an interrupt of the main thread reaches them."""
+        each task's thread) register their thread; an interrupt of the main thread stops them."""
         token = _RUNNING.set(self)
         try:
-            yield
+            with stoppable(self.requested):
+                yield
         except BaseException as e:
-            if not isinstance(e, Exception):  # KeyboardInterrupt, SystemExit, Prefect's TerminationSignal
-                self.interrupt()
+            if not isinstance(e, Exception):  # KeyboardInterrupt, SystemExit, Prefect's cancellation
+                self.stop()
             raise
         finally:
             _RUNNING.reset(token)
 
-    def interrupt(self) -> int:
-        """Raise KeyboardInterrupt in every thread running a shard; the number of threads reached."""
+    def stop(self) -> None:
         with self._lock:
-            return sum(ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident),
-                                                                 ctypes.py_object(KeyboardInterrupt))
-                       for ident in self._idents)
+            self.requested.set()
+        deadline = time.monotonic() + self.grace_s
+        try:
+            while self._running() and time.monotonic() < deadline:
+                time.sleep(0.02)
+        except KeyboardInterrupt:  # a second Ctrl-C: wait no longer
+            pass
+        with self._lock:
+            for ident in self._idents:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(ShardsStopped))
+
+    def _running(self) -> bool:
+        with self._lock:
+            return bool(self._idents)
 
 
 @contextlib.contextmanager
@@ -60,6 +81,8 @@ def running_shard():
         return
     ident = threading.get_ident()
     with threads._lock:
+        if threads.requested.is_set():  # started after the stop was asked (Prefect checked its own flag before)
+            raise ShardsStopped("the run was interrupted")
         threads._idents.add(ident)
     try:
         yield

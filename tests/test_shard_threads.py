@@ -1,5 +1,6 @@
-"""An interrupt of the main thread reaches the threads running a stage's shards (flows/shard_threads.py),
-with a thread pool that copies the context into each task as Prefect's ThreadPoolTaskRunner does."""
+"""An interrupt of the main thread stops the threads running a stage's shards (flows/shard_threads.py,
+tasks/core/stopping.py), with a thread pool that copies the context into each task as Prefect's
+ThreadPoolTaskRunner does."""
 from __future__ import annotations
 
 import contextvars
@@ -10,14 +11,19 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from flows.shard_threads import ShardThreads, running_shard
+from tasks.core import stopping
+from tasks.core.stopping import ShardsStopped
 
 
-def work(started: threading.Event, release: threading.Event, as_shard: bool) -> str:
-    """Python-level work, as a shard's loop over documents is, until released (or 60 s pass)."""
+def work(started: threading.Event, release: threading.Event, as_shard: bool, checks: bool) -> str:
+    """Python-level work until released (or 60 s pass): a shard's loop over documents, with or
+    without the stop checks shard code makes."""
     def loop() -> str:
         started.set()
         deadline = time.monotonic() + 60
         while not release.is_set() and time.monotonic() < deadline:
+            if checks:
+                stopping.check()
             time.sleep(0.01)
         return "finished"
     if not as_shard:
@@ -26,15 +32,18 @@ def work(started: threading.Event, release: threading.Event, as_shard: bool) -> 
         return loop()
 
 
-def run(stop_with: BaseException) -> list:
+def run(stop_with: BaseException, threads: ShardThreads, checks: bool) -> list:
+    """Two shards and one task that is not a shard run; the main thread stops with `stop_with`."""
     release = threading.Event()
     started = [threading.Event() for _ in range(3)]
+    elsewhere = contextvars.copy_context()  # another thread of the process (e.g. a progress watcher)
     with ThreadPoolExecutor(max_workers=3) as pool:
         try:
             with pytest.raises(type(stop_with)):
-                with ShardThreads().mapping():
-                    futures = [pool.submit(contextvars.copy_context().run, work, started[i], release, i < 2)
-                               for i in range(3)]
+                with threads.mapping():
+                    futures = [pool.submit(contextvars.copy_context().run, work, started[i], release, True, checks)
+                               for i in range(2)]
+                    futures.append(pool.submit(elsewhere.run, work, started[2], release, False, checks))
                     for s in started:
                         assert s.wait(60)
                     raise stop_with
@@ -49,11 +58,29 @@ def run(stop_with: BaseException) -> list:
     return outcomes
 
 
-def test_an_interrupt_reaches_the_shards_and_only_them():
-    assert run(KeyboardInterrupt()) == [KeyboardInterrupt, KeyboardInterrupt, "finished"]
+def test_an_interrupt_stops_the_shards_at_their_checks_and_only_them():
+    # a grace as long as the work: had the checks not stopped the shards, they would have finished
+    assert run(KeyboardInterrupt(), ShardThreads(grace_s=120), checks=True) == [ShardsStopped, ShardsStopped, "finished"]
+
+
+def test_a_shard_that_never_checks_is_interrupted_after_the_grace():
+    assert run(KeyboardInterrupt(), ShardThreads(grace_s=0.2), checks=False) == [ShardsStopped, ShardsStopped, "finished"]
 
 
 def test_a_failure_of_the_main_thread_lets_the_shards_finish():
     """A failed shard fails the stage; the others in progress finish and stay done for the rerun."""
-    assert run(ValueError("a shard failed")) == ["finished", "finished", "finished"]
+    assert run(ValueError("a shard failed"), ShardThreads(grace_s=0.2), checks=True) == ["finished"] * 3
 
+
+def test_a_shard_starting_after_the_stop_does_not_start():
+    """Prefect checks its own cancel flag before a task starts, but that is set only later, when the
+    task runner exits: a shard whose thread was between the two went on to its end."""
+    threads = ShardThreads(grace_s=0.2)
+    threads.stop()
+    with threads.mapping(), pytest.raises(ShardsStopped):
+        contextvars.copy_context().run(work, threading.Event(), threading.Event(), True, False)
+
+
+def test_outside_a_run_that_maps_shards_the_checks_do_nothing():
+    stopping.check()
+    stopping.sleep(0.01)

@@ -18,6 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from tasks.core import stopping
+
 DOC_SCHEMA = pa.schema(
     [
         ("id", pa.string()),
@@ -46,6 +48,7 @@ class DocWriter:
         self.text_bytes = 0
 
     def write(self, doc: dict) -> None:
+        stopping.check()  # every stage's document loop passes here: where an interrupted shard stops
         for c in COLUMNS:
             self._rows[c].append(doc[c])
         self._n += 1
@@ -96,8 +99,11 @@ def write_docs(path: Path, docs: Iterable[dict]) -> DocWriter:
 def iter_docs(path: Path, columns: list[str] | None = None, batch_size: int = 1000) -> Iterator[dict]:
     pf = pq.ParquetFile(path)
     for batch in pf.iter_batches(batch_size=batch_size, columns=columns):
+        stopping.check()
         yield from batch.to_pylist()
 
 
 def iter_batches(path: Path, columns: list[str] | None = None, batch_size: int = 5000):
-    yield from pq.ParquetFile(path).iter_batches(batch_size=batch_size, columns=columns)
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_size, columns=columns):
+        stopping.check()
+        yield batch

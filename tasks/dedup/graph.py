@@ -15,6 +15,7 @@ from pathlib import Path
 import numba
 import numpy as np
 
+from tasks.core import stopping
 from tasks.core.config import PipelineParams
 from tasks.core.passes import Shard, ShardStats, load_stored, savez
 from tasks.core.stage import Context
@@ -44,6 +45,7 @@ def bucket_shard(shard: Shard, tmp: Path, p: PipelineParams, ctx: Context) -> Sh
     keys = np.empty((len(alive), len(group)), dtype=np.uint64)
     at = 0
     for f in signature_files(ctx):
+        stopping.check()  # an interrupted run stops this shard here
         sig = load_stored(f, "sig")  # mapped: only this group's bands are read (they are contiguous)
         for j, b in enumerate(group):
             keys[at:at + len(sig), j] = band_keys(np.asarray(sig[:, b * rows:(b + 1) * rows]), 1, rows, first_band=b)[:, 0]

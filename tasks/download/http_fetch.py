@@ -8,7 +8,6 @@ from __future__ import annotations
 import http.client
 import re
 import socket
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from urllib.parse import quote, urlparse
 
 from zlib_ng import zlib_ng
 
+from tasks.core import stopping
 from tasks.core.errors import InputFileError, PipelineError
 
 
@@ -121,9 +121,11 @@ def _stream(url: str, dest: Path, policy: RetryPolicy, rep: FetchReport) -> None
         expected = resp.headers.get("Content-Length")
         got = 0
         with open(dest, mode) as fh:
-            while chunk := resp.read(policy.chunk):
+            # read1: what has arrived, up to a chunk (read() waits for a whole MiB from a slow server)
+            while chunk := resp.read1(policy.chunk):
                 fh.write(chunk)
                 got += len(chunk)
+                stopping.check()
         if expected is not None and got != int(expected):
             raise http.client.IncompleteRead(b"", int(expected) - got)
 
@@ -159,7 +161,7 @@ def fetch(url: str, dest: Path, policy: RetryPolicy, verify_gzip: bool = True) -
         except _RETRYABLE as e:
             rep.errors.append(f"{e.__class__.__name__}: {e}")
         if attempt < policy.retries:
-            time.sleep(policy.delay(attempt))
+            stopping.sleep(policy.delay(attempt))
     raise DownloadError(f"{url}: failed after {rep.attempts} attempts: {'; '.join(rep.errors[-3:])}")
 
 

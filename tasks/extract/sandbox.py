@@ -20,6 +20,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from tasks.core import stopping
 from tasks.extract.sandbox_child import READY, frame, read_frame, write_frame
 
 TIMED_OUT = "timed out"
@@ -114,6 +115,7 @@ class TimeLimitedWorker:
         unsent, pending_bytes, last = bytearray(), 0, time.monotonic()  # a reused child is idle now
         nap = POLL_MIN_S
         while True:
+            stopping.check()  # the run was interrupted: this page's shard stops here
             if self.proc is None or self.proc.poll() is not None:
                 self._kill()
                 self._start()  # resend what the dead child never answered

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from tasks.core import stopping
 from tasks.core.config import PipelineParams
 from tasks.core.passes import Shard, ShardStats
 from tasks.core.stage import Context, input_files, shard_per_file
@@ -62,6 +63,7 @@ def tokenize_shard(shard: Shard, tmp: Path, p: PipelineParams, ctx: Context) -> 
     with pq.ParquetWriter(tmp, PIECE_SCHEMA, compression="zstd") as writer:
         for batch in pq.ParquetFile(shard.inputs[0]).iter_batches(batch_size=p.tokenize.batch_docs,
                                                                   columns=["text", "dataset", "crawl"]):
+            stopping.check()  # an interrupted run stops this shard here
             texts = batch.column("text").to_pylist()
             tokens, lengths = tokenizer.encode_documents(tok, texts)
             offsets = np.zeros(lengths.size + 1, dtype=np.int32)
