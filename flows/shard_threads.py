@@ -10,7 +10,8 @@ progress had finished: seconds on the sample, many minutes for a real WARC file.
    downloaded chunk, and one about to start does not;
 2. a shard still running after `grace_s` (it loops somewhere without a check) gets a KeyboardInterrupt
    raised in its thread (CPython's PyThreadState_SetAsyncExc, as Prefect's own thread cancel scopes
-   do). That lands at its next Python instruction, wherever it is, which is why it is the fallback.
+   do). That lands at its next Python instruction, wherever it is, which is why it is the fallback,
+   and why it waits while the thread is inside an import.
 
 A shard stopped midway leaves only a temporary file (its output and marker are written atomically, as
 after kill -9); the rerun redoes it. The processes and dask runners' workers get the terminal's SIGINT
@@ -21,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import ctypes
+import sys
 import threading
 import time
 
@@ -54,21 +56,51 @@ class ShardThreads:
             _RUNNING.reset(token)
 
     def stop(self) -> None:
-        with self._lock:
-            self.requested.set()
-        deadline = time.monotonic() + self.grace_s
+        self.requested.set()  # first: whatever happens below, the checks see it
         try:
+            deadline = time.monotonic() + self.grace_s
             while self._running() and time.monotonic() < deadline:
                 time.sleep(0.02)
-        except KeyboardInterrupt:  # a second Ctrl-C: wait no longer
+            self._interrupt_the_rest()
+        except BaseException:  # a second Ctrl-C or signal: wait no longer (the first one is being raised)
             pass
-        with self._lock:
-            for ident in self._idents:
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(ShardsStopped))
+
+    def _interrupt_the_rest(self) -> None:
+        """Raise ShardsStopped in each shard still running, but never while it is inside an import: there
+        the exception can land between importlib's taking a module lock and its `try`, the lock stays
+        held, and every later import of that module (at exit too) waits forever. Such a thread is
+        polled until it leaves the import (at which point it may well reach a check by itself)."""
+        interrupted: set[int] = set()
+        while True:
+            with self._lock:  # held, so that a thread is interrupted only while it is still in its shard
+                waiting = self._idents - interrupted
+                if not waiting:
+                    return
+                frames = sys._current_frames()
+                for ident in waiting:
+                    if ident in frames and _importing(frames[ident]):
+                        continue
+                    # between that look and this call the thread runs only if the GIL changes hands,
+                    # which it does not on its own within the switch interval (5 ms)
+                    self._interrupt(ident)
+                    interrupted.add(ident)
+            time.sleep(0.02)
+
+    @staticmethod
+    def _interrupt(ident: int) -> None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(ShardsStopped))
 
     def _running(self) -> bool:
         with self._lock:
             return bool(self._idents)
+
+
+def _importing(frame) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 @contextlib.contextmanager

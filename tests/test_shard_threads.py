@@ -4,6 +4,7 @@ ThreadPoolTaskRunner does."""
 from __future__ import annotations
 
 import contextvars
+import importlib
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -58,13 +59,49 @@ def run(stop_with: BaseException, threads: ShardThreads, checks: bool) -> list:
     return outcomes
 
 
-def test_an_interrupt_stops_the_shards_at_their_checks_and_only_them():
-    # a grace as long as the work: had the checks not stopped the shards, they would have finished
+def test_an_interrupt_stops_the_shards_at_their_checks_and_only_them(monkeypatch):
+    fired = []
+    monkeypatch.setattr(ShardThreads, "_interrupt", staticmethod(fired.append))
     assert run(KeyboardInterrupt(), ShardThreads(grace_s=120), checks=True) == [ShardsStopped, ShardsStopped, "finished"]
+    assert fired == []  # the checks stopped them, not the asynchronous exception
 
 
 def test_a_shard_that_never_checks_is_interrupted_after_the_grace():
     assert run(KeyboardInterrupt(), ShardThreads(grace_s=0.2), checks=False) == [ShardsStopped, ShardsStopped, "finished"]
+
+
+def test_a_shard_inside_an_import_is_not_interrupted_there(tmp_path, monkeypatch):
+    """The exception could land between importlib's taking the module lock and its `try`: the lock
+    stayed held and the threads waiting on it (and the next import of the module) hung for good."""
+    name = f"slow_module_{tmp_path.name}".replace("-", "_")
+    (tmp_path / f"{name}.py").write_text("import time\ntime.sleep(1.5)  # torch, cupy: seconds to import\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    threads, outcomes = ShardThreads(grace_s=0.1), {}
+
+    def shard(i: int) -> None:
+        try:
+            with running_shard():
+                importlib.import_module(name)
+                outcomes[i] = "imported"
+                deadline = time.monotonic() + 30  # then a loop without checks: interrupted once out of the import
+                while time.monotonic() < deadline:
+                    time.sleep(0.01)
+        except BaseException as e:
+            outcomes[i] = f"{outcomes[i]}, then {type(e).__name__}" if i in outcomes else type(e).__name__
+
+    workers = []
+    with pytest.raises(KeyboardInterrupt), threads.mapping():
+        for i in range(3):  # one imports, the others wait on the module's lock
+            workers.append(threading.Thread(target=contextvars.copy_context().run, args=(shard, i), daemon=True))
+            workers[-1].start()
+            time.sleep(0.05)
+        time.sleep(0.2)
+        raise KeyboardInterrupt
+    for w in workers:
+        w.join(30)
+    assert not any(w.is_alive() for w in workers), "a thread hangs on the module's import lock"
+    assert outcomes == {i: "imported, then ShardsStopped" for i in range(3)}
+    importlib.import_module(name)
 
 
 def test_a_failure_of_the_main_thread_lets_the_shards_finish():
