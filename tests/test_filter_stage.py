@@ -113,9 +113,12 @@ def test_no_positives_or_negatives_is_a_clear_error(extracted, tmp_path):
     with pytest.raises(ConfigError, match=r"no positive documents: Wikipedia \(en\), StackExchange are all dropped by "
                                           r"the rules"):
         run_stage("filter", parse_params(raw))
-    raw["filter"]["language"]["keep"] = ["english"]
-    with pytest.raises(ConfigError, match="'english' is not an ISO 639-1 code"):
-        parse_params(raw)
+    for wrong in ("english", "EN", "eng"):  # none is a label of lid.176's: the rule would keep nothing
+        raw["filter"]["language"]["keep"] = ["en", wrong]
+        with pytest.raises(ConfigError, match=f"'{wrong}' is not a language extract labels documents with"):
+            parse_params(raw)
+    raw["filter"]["language"]["keep"] = ["ceb", "yue", "unknown"]  # ISO 639-3 where lid.176 has no 639-1 code
+    assert parse_params(raw).filter.language.keep == ["ceb", "yue", "unknown"]
     raw["filter"]["language"]["keep"] = ["en"]
     raw["filter"]["gopher_quality"].update(min_words=500_000)
     with pytest.raises(ConfigError, match="min_words 500000 exceeds max_words 100000"):

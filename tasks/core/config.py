@@ -94,10 +94,11 @@ class ExtractParams(Strict):
     time_limit_s: float = Field(5.0, gt=0, le=600, description="Per-document extraction limit.")
     max_html_bytes: int = Field(4_000_000, ge=1024, description="Larger payloads are skipped.")
     min_text_chars: int = Field(1, ge=0)
-    lang_chars: int = Field(5000, ge=100, description="Characters fed to language ID.")
+    lang_chars: int = Field(1000, ge=100, description="Characters fed to language ID.")
     lang_min_chars: int = Field(200, ge=0, description="Shorter texts get lang 'unknown', not a guess.")
     lang_min_confidence: float = Field(
-        0.1, ge=0, le=1, description="Below this language-ID confidence (lang_score) lang is 'unknown'.")
+        0.5, ge=0, le=1, description="Below this language-ID confidence (fastText's probability, lang_score) "
+                                     "lang is 'unknown' (CCNet's 0.5).")
 
 
 TaskName = Literal["lambada", "boolq", "race_h", "piqa", "hellaswag", "winogrande", "anli_r2", "hans", "wic"]

@@ -6,8 +6,8 @@ Columns:
   dataset     source dataset ("common-crawl" or a curated name such as "Pile-CC", "Wikipedia (en)")
   url         source URL (empty for curated documents without one)
   crawl       Common Crawl id (e.g. CC-MAIN-2020-50); empty for curated documents
-  lang        ISO 639-1 code from language ID, or "unknown"
-  lang_score  language-ID confidence in [0, 1], higher is surer (tasks/extract/langid.py); 0 for unknown
+  lang        fastText lid.176's label (ISO 639-1, else 639-3), or "unknown" (tasks/extract/langid.py)
+  lang_score  language-ID confidence: fastText's probability in [0, 1]; 0 for texts too short to tell
 """
 from __future__ import annotations
 

@@ -32,10 +32,13 @@ def crawl_id(p: PipelineParams) -> str:
 # part of the pass's fingerprint: change it when the same WARC can give other documents (2: a record's
 # Content-Length past its own gzip member's end is read to that end, no longer dropped as truncated)
 READER_VERSION = 2
+# likewise for the language-ID model (before: resiliparse's n-gram profiles)
+LANGID_MODEL = "fasttext-lid.176.ftz"
 
 
 def stage_params(p: PipelineParams) -> dict:
-    return {**p.extract.model_dump(mode="json"), "crawl_id": crawl_id(p), "reader_version": READER_VERSION}
+    return {**p.extract.model_dump(mode="json"), "crawl_id": crawl_id(p), "reader_version": READER_VERSION,
+            "langid_model": LANGID_MODEL}
 
 
 def plan(p: PipelineParams, ctx: Context) -> list[Shard]:

@@ -2,26 +2,27 @@
 quality classifier trained on the curated datasets against raw crawl text, sampled as GPT-3 did."""
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 from pydantic import Field, model_validator
 
 from tasks.core.strict import Strict
+from tasks.extract.langid import LABELS
 
 RULE_GROUPS = ("language", "gopher_repetition", "gopher_quality", "c4")
 
 
 class LanguageRule(Strict):
-    keep: list[str] = Field(["en"], description="Languages kept: ISO 639-1 codes as the extract stage's `lang` "
-                                                "(en, de, zh, ...), or unknown.")
+    keep: list[str] = Field(["en"], description="Languages kept: labels as the extract stage's `lang` (fastText "
+                                                "lid.176's: en, de, zh, ceb, ...), or unknown.")
     min_score: float = Field(0.0, ge=0, le=1, description="Lowest language-ID confidence kept.")
 
     @model_validator(mode="after")
     def _codes(self):
-        bad = [k for k in self.keep if not re.fullmatch(r"[a-z]{2}|unknown", k)]
-        if bad:  # 'english' or 'EN' would silently keep nothing
-            raise ValueError(f"keep: {bad[0]!r} is not an ISO 639-1 code as extract labels documents (en, de, zh, ...)")
+        bad = [k for k in self.keep if k not in LABELS and k != "unknown"]
+        if bad:  # 'english', 'EN' or 'eng' would silently keep nothing
+            raise ValueError(f"keep: {bad[0]!r} is not a language extract labels documents with (lid.176's labels: "
+                             f"en, de, zh, ceb, ...; or unknown)")
         return self
 
 
