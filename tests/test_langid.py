@@ -107,3 +107,26 @@ def test_the_compiled_predictor_gives_fasttexts_label_and_probability_to_the_bit
         labels, probs = oracle.predict(line, k=1)
         want = (labels[0].removeprefix("__label__"), float(probs[0])) if labels else None
         assert fasttext_lid.predict(_model(), line) == want, repr(line[:80])
+
+
+def test_model_files_unlike_lid176(tmp_path):
+    """Valid fastText files that lid.176 is not: one whose vocabulary lacks "</s>" is read as fastText
+    reads it (a literal "</s>" still ends the line, its n-grams never count); one whose n-gram buckets
+    were not pruned is refused, not misread (every n-gram would have been dropped)."""
+    import fasttext
+
+    data = bytearray(model_path().read_bytes())
+    assert data[92:97] == b"</s>\0"  # after the header, the args and size/nwords/nlabels/ntokens/prune_size
+    data[92:96] = b"<s/>"
+    no_eos = tmp_path / "no_eos.ftz"
+    no_eos.write_bytes(bytes(data))
+    oracle, ours = fasttext.load_model(str(no_eos)), fasttext_lid.load(no_eos)
+    for text in ["puedes hablar", "</s>", "</s> y", "x </s> y", "</s>x", "hola </s> world world world", ""]:
+        labels, probs = oracle.predict(text, k=1)
+        want = (labels[0].removeprefix("__label__"), float(probs[0])) if labels else ("unknown", 0.0)
+        assert fasttext_lid.predict(ours, text) == want, text
+    data[84:92] = (-1).to_bytes(8, "little", signed=True)
+    unpruned = tmp_path / "unpruned.ftz"
+    unpruned.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="n-gram buckets were not pruned is not supported"):
+        fasttext_lid.load(unpruned)

@@ -98,6 +98,8 @@ def load(path: str | Path) -> LidModel:
         raise ValueError(f"{path}: only a supervised hierarchical-softmax model of word unigrams is supported")
     size, nwords, nlabels = r.read("iii")
     _ntokens, prune_size = r.read("qq")
+    if prune_size < 0:  # quantized without -cutoff: bucket b would be row nwords + b, which the uint16 table cannot hold
+        raise ValueError(f"{path}: a quantized model whose n-gram buckets were not pruned is not supported")
     words, counts = [], []
     for _ in range(size):
         w = r.cstring()
@@ -236,7 +238,6 @@ def _predict(text, rows, bucket_row, nwords, slots, vocab_bytes, offsets, output
     label = np.array([95, 95, 108, 97, 98, 101, 108, 95, 95], np.uint8)  # "__label__": such tokens are skipped
     eos = np.array([60, 47, 115, 62], np.uint8)  # the end of the line, a word of the vocabulary ("</s>")
     eos_id = _word_id(eos, 0, 4, _fnv_range(eos, 0, 4), slots, vocab_bytes, offsets)
-    ended = False
     while True:  # Dictionary::getLine: word by word
         while pos < size and _is_space(text[pos]):
             pos += 1
@@ -245,12 +246,10 @@ def _predict(text, rows, bucket_row, nwords, slots, vocab_bytes, offsets, output
         start = pos
         while pos < size and not _is_space(text[pos]):
             pos += 1
-        wid = _word_id(text, start, pos, _fnv_range(text, start, pos), slots, vocab_bytes, offsets)
-        if wid >= 0 and wid == eos_id:  # a literal "</s>" ends the line for fastText: the rest is not read
-            _add_row(hidden, rows, wid)
-            count += 1
-            ended = True
+        if pos - start == 4 and text[start] == 60 and text[start + 1] == 47 and text[start + 2] == 115 \
+                and text[start + 3] == 62:  # a literal "</s>" ends the line for fastText: the rest is not read
             break
+        wid = _word_id(text, start, pos, _fnv_range(text, start, pos), slots, vocab_bytes, offsets)
         if wid < 0 and pos - start >= 9:
             is_label = True
             for i in range(9):
@@ -267,7 +266,7 @@ def _predict(text, rows, bucket_row, nwords, slots, vocab_bytes, offsets, output
         word[1: n + 1] = text[start:pos]
         word[n + 1] = 62  # '>'
         count += _add_ngrams(word[: n + 2], hidden, rows, bucket_row, nwords, minn, maxn, bucket)
-    if not ended and eos_id >= 0:
+    if eos_id >= 0:  # the line's end, or a "</s>" in it: the word's row alone, never its n-grams
         _add_row(hidden, rows, eos_id)
         count += 1
     if count == 0:
