@@ -64,7 +64,8 @@ worker: install
 	$(VENV)/bin/prefect worker start --pool local-process
 
 ## Every benchmark's last line (README "Benchmarks"), after installing the references they compare with
-## (lm-evaluation-harness, datatrove). Without a GPU the kernel benchmark checks compilation only.
+## (lm-evaluation-harness, datatrove; Django and Sphinx for their translations). Without a GPU the kernel
+## benchmark checks compilation only.
 BENCHES := extract langid decontam filter filter_agreement dedup blend train resume eval kernels
 bench: install
 	$(PY) -m pip install -q -e '.[bench]'
