@@ -64,7 +64,7 @@ def test_chunked_and_content_encoded_bodies(tmp_path):
     assert "7d72" in by_url["https://enc.example.org/2"]  # broken framing: the raw body, counted
 
 
-def test_language_by_script_and_unknown_when_short(tmp_path):
+def test_chinese_japanese_korean_pages_are_named_and_a_short_page_is_unknown(tmp_path):
     data, expected = fx.languages()
     _, docs = extract(tmp_path, "lang.warc.gz", data)
     got = {d["url"]: d["lang"] for d in docs}
