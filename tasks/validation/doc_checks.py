@@ -10,6 +10,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tasks.core.schema import COLUMNS
+from tasks.extract.langid import LABELS
 from tasks.validation.runner import Batch
 
 MAX_BATCH_ROWS = 500_000  # bounds a batch's memory (no text in it: ~100 bytes a row)
@@ -28,7 +29,8 @@ def expectations(extra_columns: tuple[str, ...] = (), require_rows: bool = False
         E.ExpectColumnValuesToBeBetween(column="text_chars", min_value=1),
         E.ExpectColumnValuesToNotBeNull(column="dataset"),
         E.ExpectColumnValueLengthsToBeBetween(column="dataset", min_value=1),
-        E.ExpectColumnValuesToMatchRegex(column="lang", regex=r"^(?:[a-z]{2,3}|unknown)$"),
+        # lid.176's labels (tasks/extract/langid.py), so 'English', 'EN' or 'eng' cannot pass as a language
+        E.ExpectColumnValuesToBeInSet(column="lang", value_set=sorted(LABELS | {"unknown"})),
         E.ExpectColumnValuesToNotBeNull(column="lang_score"),
         E.ExpectColumnValuesToBeBetween(column="lang_score", min_value=0, max_value=1),
     ]
