@@ -36,9 +36,9 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from tasks.core.config import load_params
 from resiliparse.parse.lang import supported_langs
 
+from tasks.core.config import load_params
 from tasks.extract.langid import LABELS, detect_lang
 
 _PLACEHOLDER = re.compile(r"%\([^)]*\)[-#0 +]*\d*(?:\.\d+)?[sdifrx]|%[-#0 +]*\d*(?:\.\d+)?[sdifrx]|\{[^{}]*\}|<[^>]+>")
