@@ -203,6 +203,21 @@ def test_full_data_docs_is_one_line_naming_the_full_file_system(tmp_path, tiny_m
     assert json.loads((tmp_path / "data/extract/stats.json").read_text())["validation"]["pending"] is True
 
 
+def test_a_data_docs_page_that_cannot_be_written_is_one_line_not_a_logged_traceback(tmp_path):
+    """GX's site builder catches a failed page write, logs 15 lines to stderr and goes on with an
+    incomplete report: the run stops with one line instead (here a file stands where a folder goes;
+    a full disk inside a page write was the case found, test above)."""
+    _extract_ready(tmp_path)
+    site = tmp_path / "data/docs/extract"
+    site.mkdir(parents=True)
+    (site / "validations").write_text("not a folder")
+    out = cli(tmp_path, "extract")
+    assert out.returncode == 1
+    line = one_line(out.stderr)
+    assert line.startswith("I/O error: Not a directory"), line
+    assert json.loads((tmp_path / "data/extract/stats.json").read_text())["validation"]["pending"] is True
+
+
 def test_a_full_disk_with_no_file_named_without_a_mount(tmp_path, monkeypatch):
     """The same lines where mounting is not permitted (CI): an ENOSPC with no path and numpy's short
     write name the data folder; a failure while measuring the space still gives the line, never hides

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
 import pandas as pd
 
-from tasks.core.errors import ExpectationFailed
+from tasks.core.errors import ExpectationFailed, StageFailed
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
 
@@ -125,6 +126,40 @@ def _failures(result) -> list[tuple[str, str, object]]:
     return out
 
 
+class _Errors(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.ERROR)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+# how GX's site builder reports an exception it caught: ... OSError: "[Errno 28] No space left on device".  Traceback: ...
+_CAUGHT = re.compile(r'(\w+): "(?:\[Errno (\d+)\] )?(.*?)"\.  Traceback', re.S)
+
+
+def build_docs(ctx, stage: str) -> None:
+    """Build the stage's Data Docs site. GX's site builder catches an exception while writing a page
+    (a full disk, a permission), logs it in 15 lines and goes on, leaving an incomplete report. Its
+    logged errors are collected instead and the first one raised: an OSError with its errno (no path:
+    a full disk then names the data folder, tasks.core.errors.naming_full_disk), else one line."""
+    log, errors = logging.getLogger("great_expectations"), _Errors()
+    propagate, log.propagate = log.propagate, False
+    log.addHandler(errors)
+    try:
+        ctx.build_data_docs(site_names=["pipeline"])
+    finally:
+        log.removeHandler(errors)
+        log.propagate = propagate
+    if errors.messages:
+        found = _CAUGHT.search(errors.messages[0])
+        if found and found[2]:
+            raise OSError(int(found[2]), found[3])
+        cause = f"{found[1]}: {found[3]}" if found else errors.messages[0]
+        raise StageFailed(f"{stage}: its Data Docs were not written: {' '.join(cause.split())}")
+
+
 def run_suite(stage: str, expectations: list, batches: Iterator[Batch],
               docs_dir: Path, raise_on_failure: bool = True) -> ValidationReport:
     import great_expectations as gx
@@ -156,7 +191,7 @@ def run_suite(stage: str, expectations: list, batches: Iterator[Batch],
         failed += [(t, col, n, batch.name) for t, col, n in whole if (t, col) not in seen]
         report.failures += [f"{t} on column '{col}': {n} unexpected in shard {name}" for t, col, n, name in failed]
     report.results = list(table.values())
-    ctx.build_data_docs(site_names=["pipeline"])  # once, after every batch (not per batch)
+    build_docs(ctx, stage)  # once, after every batch (not per batch)
     write_index(docs_dir, stage, report)
     if report.failures and raise_on_failure:
         raise ExpectationFailed(stage, report.failures, report.docs)
