@@ -80,3 +80,24 @@ def test_cli_never_marks_a_truncated_download_complete(broken, tmp_path):
     assert out.returncode == 1, out.stderr[-2000:]
     assert "gzip stream is truncated or corrupt" in out.stderr
     assert not marker.exists(), "a half-downloaded file must never be marked complete"
+
+
+def test_an_expectation_that_cannot_be_evaluated_says_why(tmp_path):
+    """A missing column or values of the wrong type: GX cannot evaluate the expectation and reports
+    'None' unexpected; the failure says why instead, and a table-level check says what it observed."""
+    import pandas as pd
+
+    from tasks.validation import doc_checks
+    from tasks.validation.runner import Batch, run_suite
+
+    frame = pd.DataFrame({"id": ["a", "b"], "text_chars": [3, 4], "dataset": ["x", "x"], "url": ["", ""],
+                          "crawl": ["", ""], "lang_score": ["high", 0.5]})  # no lang; a score as text
+    report = run_suite("extract", doc_checks.expectations(), iter([Batch(frame, [("s.parquet", 0, 2)])]),
+                       tmp_path / "docs", raise_on_failure=False)
+    assert ("expect_column_values_to_be_in_set on column 'lang': not evaluated: The column \"lang\" in BatchData "
+            "does not exist in shard s.parquet") in report.failures, report.failures
+    assert any(f.startswith("expect_column_values_to_be_between on column 'lang_score': not evaluated: ")
+               for f in report.failures), report.failures
+    assert ("expect_table_columns_to_match_ordered_list on column '<table>': observed "
+            "['id', 'text_chars', 'dataset', 'url', 'crawl', 'lang_score'] in shard s.parquet") in report.failures
+    assert not any("None unexpected" in f for f in report.failures), report.failures

@@ -115,14 +115,28 @@ def _tally(result, table: dict) -> None:
             row["passed"] = row["passed"] and bool(r.success)
 
 
-def _failures(result) -> list[tuple[str, str, object]]:
+def _not_evaluated(info) -> str | None:
+    """Why GX could not evaluate an expectation (a missing column, values of the wrong type), from its
+    exception_info: one record, or one per metric."""
+    for i in ([info] if "raised_exception" in info else list(info.values())):
+        message = i.get("exception_message") if hasattr(i, "get") else None
+        if message:
+            return " ".join(str(message).split()).removeprefix("Error: ").rstrip(".")
+    return None
+
+
+def _failures(result) -> list[tuple[str, str, str]]:
+    """(expectation, column, what was found): "N unexpected", "observed ..." (a table-level check), or
+    "not evaluated: why" (GX reported 'None' unexpected for those)."""
     out = []
     for vr in result.run_results.values():
         for r in vr.results:
             if not r.success:
                 c = r.expectation_config
-                out.append((c.type, c.kwargs.get("column", "<table>"),
-                            r.result.get("unexpected_count", r.result.get("observed_value"))))
+                n, why = r.result.get("unexpected_count"), _not_evaluated(r.exception_info or {})
+                found = (f"{n} unexpected" if n is not None else f"not evaluated: {why}" if why
+                         else f"observed {r.result.get('observed_value')}")
+                out.append((c.type, c.kwargs.get("column", "<table>"), found))
     return out
 
 
@@ -189,7 +203,7 @@ def run_suite(stage: str, expectations: list, batches: Iterator[Batch],
                            _failures(checkpoint.run(batch_parameters={"dataframe": one}, run_id=None))]
         seen = {(t, col) for t, col, *_ in failed}  # what no single shard shows: e.g. an id in two shards
         failed += [(t, col, n, batch.name) for t, col, n in whole if (t, col) not in seen]
-        report.failures += [f"{t} on column '{col}': {n} unexpected in shard {name}" for t, col, n, name in failed]
+        report.failures += [f"{t} on column '{col}': {found} in shard {name}" for t, col, found, name in failed]
     report.results = list(table.values())
     build_docs(ctx, stage)  # once, after every batch (not per batch)
     write_index(docs_dir, stage, report)
