@@ -121,6 +121,27 @@ def test_a_reused_worker_starts_each_call_with_a_fresh_clock():
         w.close()
 
 
+def test_a_caller_slower_than_the_limit_between_items_times_out_nothing():
+    """The caller's own work between two answers (a model loaded, a numba function compiled on the
+    first document: seen as a false extract_timeout in CI) is not the child's time."""
+    import select
+    import time
+
+    w = TimeLimitedWorker("tests.sandbox_targets:upper_or_hang")
+    try:
+        out = []
+        for ok, result in w.map(["a", "b", "c", "hang", "d"], time_limit=2.0):
+            out.append((ok, result))
+            if len(out) == 1:  # stall past the limit, and until the child has answered "b"
+                start = time.monotonic()
+                while time.monotonic() - start < 2.5 or not select.select([w.proc.stdout], [], [], 0.1)[0]:
+                    time.sleep(0.1)
+        assert out == [(True, "A"), (True, "B"), (True, "C"), (False, TIMED_OUT), (True, "D")]
+        assert w.restarts == 1
+    finally:
+        w.close()
+
+
 def test_ctrl_c_reaching_the_child_mid_item_leaves_it_working(capfd):
     """Ctrl-C in a terminal signals the whole process group, the sandbox child with it: the child died
     with a KeyboardInterrupt traceback on the console, and its page was either resent to a new child
