@@ -101,8 +101,8 @@ class TimeLimitedWorker:
         """Yield (ok, result) per item, in order; (False, TIMED_OUT) for an item over the limit.
 
         An item's clock starts when the child answered the item before it (the child works in
-        order), so queued items never count against each other; an answer waiting in the pipe counts
-        as in time, however long the caller took between two items.
+        order), so queued items never count against each other, and stops while the caller holds a
+        result (its own work between two items is not the child's).
         """
         pending: deque = deque()  # (item, frame size)
         try:
@@ -142,16 +142,14 @@ class TimeLimitedWorker:
                     raise RuntimeError(f"sandbox child for {self.target} did not start")
             else:
                 wait = last + time_limit - time.monotonic()
-            out_fd = self.proc.stdout.fileno()
-            readable, writable, _ = select.select([out_fd], [self.proc.stdin.fileno()] if unsent else [], [], 0)
-            # an answer already in the pipe is never a timeout: the time may have passed in the caller
-            # (between two yields: the first language ID of a process loads its model for ~0.5 s)
-            if wait <= 0 and not readable:
+            if wait <= 0:
                 pending_bytes -= pending.popleft()[1]
                 self.restarts += 1
                 self._kill()
                 yield False, TIMED_OUT
                 continue
+            out_fd = self.proc.stdout.fileno()
+            readable, writable, _ = select.select([out_fd], [self.proc.stdin.fileno()] if unsent else [], [], 0)
             if not readable and not writable:  # nap instead of blocking: see POLL_MIN_S
                 time.sleep(min(nap, wait))
                 nap = min(2 * nap, POLL_MAX_S)
@@ -172,7 +170,11 @@ class TimeLimitedWorker:
                     self.ready = result == READY
                     continue
                 pending_bytes -= pending.popleft()[1]
+                suspended = time.monotonic()
                 yield result
+                # the caller's time between two answers is not the child's (the first language ID of a
+                # process loads its model and compiled code: ~0.5 s, ~4 s cold, more on a loaded machine)
+                last += time.monotonic() - suspended
 
     def _send(self, unsent: bytearray) -> None:
         """Write what the pipe takes now, never blocking."""
