@@ -24,7 +24,10 @@ import numpy as np
 
 _MAGIC, _VERSION = 0x2F4F16BA, 12
 _NO_ROW = np.uint16(0xFFFF)
-EOS = b"</s>"
+_FNV_START = 2166136261
+# read by the compiled code as constants
+_EOS = np.frombuffer(b"</s>", np.uint8).copy()  # the end of a line: a word of the vocabulary, and a literal one ends it
+_LABEL = np.frombuffer(b"__label__", np.uint8).copy()  # a token starting so is a label: skipped
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,7 @@ class LidModel:
     rows: np.ndarray         # float32 [words + kept buckets, dim]: the input matrix, decoded
     bucket_row: np.ndarray   # uint16 [bucket]: row - nwords of an n-gram bucket, or 0xFFFF (pruned)
     nwords: int
+    eos_id: int              # "</s>"'s word id, or -1
     vocab_slots: np.ndarray  # int32 [2^k]: word id by open addressing on fastText's hash, or -1
     vocab_bytes: np.ndarray  # uint8: the words' bytes, one after another
     vocab_offsets: np.ndarray  # int64 [nwords + 1]
@@ -82,13 +86,6 @@ def _huffman(counts: list[int]) -> tuple[np.ndarray, np.ndarray]:
     return left, right
 
 
-def _fnv(word: bytes) -> int:
-    h = 2166136261
-    for b in word:  # fastText xors the byte as a signed char: 0x80..0xff become 0xffffff80..
-        h = ((h ^ (b | 0xFFFFFF00 if b & 0x80 else b)) * 16777619) & 0xFFFFFFFF
-    return h
-
-
 def load(path: str | Path) -> LidModel:
     r = _Reader(Path(path).read_bytes())
     if r.read("ii") != (_MAGIC, _VERSION):
@@ -100,6 +97,8 @@ def load(path: str | Path) -> LidModel:
     _ntokens, prune_size = r.read("qq")
     if prune_size < 0:  # quantized without -cutoff: bucket b would be row nwords + b, which the uint16 table cannot hold
         raise ValueError(f"{path}: a quantized model whose n-gram buckets were not pruned is not supported")
+    if prune_size >= int(_NO_ROW):
+        raise ValueError(f"{path}: {prune_size} pruned buckets do not fit the uint16 table")
     words, counts = [], []
     for _ in range(size):
         w = r.cstring()
@@ -132,24 +131,20 @@ def load(path: str | Path) -> LidModel:
         cent = centroids[base: base + 256 * d].reshape(256, d)
         rows[:, q * dsub: q * dsub + d] = norms[:, None] * cent[code[:, q]]
     bucket_row = np.full(bucket, _NO_ROW, np.uint16)
-    if prune_size >= int(_NO_ROW):
-        raise ValueError(f"{path}: {prune_size} pruned buckets do not fit the uint16 table")
     bucket_row[pruned[:, 0]] = pruned[:, 1]
     slots = np.full(1 << max(4, (2 * nwords - 1).bit_length()), -1, np.int32)
     for wid, w in enumerate(words[:nwords]):
-        s = _fnv(w) & (len(slots) - 1)
+        s = _fnv_range(np.frombuffer(w, np.uint8), 0, len(w)) & (len(slots) - 1)
         while slots[s] != -1:
             s = (s + 1) & (len(slots) - 1)
         slots[s] = wid
     offsets = np.zeros(nwords + 1, np.int64)
     offsets[1:] = np.cumsum([len(w) for w in words[:nwords]])
     left, right = _huffman(counts[nwords:])
+    eos_id = words.index(_EOS.tobytes()) if _EOS.tobytes() in words[:nwords] else -1
     return LidModel(tuple(w.decode().removeprefix("__label__") for w in words[nwords:]), rows, bucket_row, nwords,
-                    slots, np.frombuffer(b"".join(words[:nwords]), np.uint8).copy(), offsets, output, left, right,
+                    eos_id, slots, np.frombuffer(b"".join(words[:nwords]), np.uint8).copy(), offsets, output, left, right,
                     minn, maxn, bucket)
-
-
-_FNV_START = 2166136261
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -167,6 +162,22 @@ def _fnv_range(text, start, end):
     for i in range(start, end):
         h = _fnv_step(h, text[i])
     return h
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _starts_with(text, start, end, prefix):
+    if end - start < len(prefix):
+        return False
+    for i in range(len(prefix)):
+        if text[start + i] != prefix[i]:
+            return False
+    return True
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _std_log(x):
+    """Loss::std_log: a float in, log(x + 1e-5) in double, a float out."""
+    return np.float32(np.log(np.float64(x) + 1e-5))
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -228,16 +239,14 @@ def _add_ngrams(word, hidden, rows, bucket_row, nwords, minn, maxn, bucket):
 
 
 @numba.njit(cache=True, nogil=True)
-def _predict(text, rows, bucket_row, nwords, slots, vocab_bytes, offsets, output, left, right, minn, maxn, bucket):
+def _predict(text, rows, bucket_row, nwords, eos_id, slots, vocab_bytes, offsets, output, left, right, minn, maxn,
+             bucket):
     """(label index, probability) for one line of UTF-8 (no newline), as FastText::predictLine with k=1."""
     dim = rows.shape[1]
     hidden = np.zeros(dim, np.float32)
     count = 0
     word = np.empty(len(text) + 2, np.uint8)
     pos, size = 0, len(text)
-    label = np.array([95, 95, 108, 97, 98, 101, 108, 95, 95], np.uint8)  # "__label__": such tokens are skipped
-    eos = np.array([60, 47, 115, 62], np.uint8)  # the end of the line, a word of the vocabulary ("</s>")
-    eos_id = _word_id(eos, 0, 4, _fnv_range(eos, 0, 4), slots, vocab_bytes, offsets)
     while True:  # Dictionary::getLine: word by word
         while pos < size and _is_space(text[pos]):
             pos += 1
@@ -246,18 +255,11 @@ def _predict(text, rows, bucket_row, nwords, slots, vocab_bytes, offsets, output
         start = pos
         while pos < size and not _is_space(text[pos]):
             pos += 1
-        if pos - start == 4 and text[start] == 60 and text[start + 1] == 47 and text[start + 2] == 115 \
-                and text[start + 3] == 62:  # a literal "</s>" ends the line for fastText: the rest is not read
-            break
+        if pos - start == len(_EOS) and _starts_with(text, start, pos, _EOS):
+            break  # a literal "</s>" ends the line for fastText: the rest is not read
         wid = _word_id(text, start, pos, _fnv_range(text, start, pos), slots, vocab_bytes, offsets)
-        if wid < 0 and pos - start >= 9:
-            is_label = True
-            for i in range(9):
-                if text[start + i] != label[i]:
-                    is_label = False
-                    break
-            if is_label:
-                continue
+        if wid < 0 and _starts_with(text, start, pos, _LABEL):
+            continue
         if wid >= 0:
             _add_row(hidden, rows, wid)
             count += 1
@@ -275,7 +277,7 @@ def _predict(text, rows, bucket_row, nwords, slots, vocab_bytes, offsets, output
     # HierarchicalSoftmaxLoss::dfs with k=1 and threshold 0, left child first; a branch is cut when its
     # log-probability falls under log(1e-5) or under the best leaf found so far
     osz = (len(left) + 1) // 2
-    floor = np.float32(np.log(np.float64(0.0) + 1e-5))
+    floor = _std_log(0.0)
     best, best_node = np.float32(-np.inf), -1
     stack_node = np.empty(2 * osz, np.int64)
     stack_score = np.empty(2 * osz, np.float32)
@@ -293,9 +295,9 @@ def _predict(text, rows, bucket_row, nwords, slots, vocab_bytes, offsets, output
         for j in range(dim):
             f += output[node - osz, j] * hidden[j]
         f = np.float32(1.0 / np.float64(np.float32(1.0) + np.exp(-f)))
-        stack_node[top], stack_score[top] = right[node], score + np.float32(np.log(np.float64(f) + 1e-5))
+        stack_node[top], stack_score[top] = right[node], score + _std_log(f)
         stack_node[top + 1] = left[node]
-        stack_score[top + 1] = score + np.float32(np.log(np.float64(np.float32(1.0 - np.float64(f))) + 1e-5))
+        stack_score[top + 1] = score + _std_log(np.float32(1.0 - np.float64(f)))
         top += 2
     return best_node, np.exp(best)
 
@@ -303,7 +305,7 @@ def _predict(text, rows, bucket_row, nwords, slots, vocab_bytes, offsets, output
 def predict(model: LidModel, text: str) -> tuple[str, float]:
     """(label, probability) of the top label; a newline reads as a space, invalid UTF-8 as '?'."""
     data = np.frombuffer(text.encode("utf-8", "replace"), np.uint8)
-    node, prob = _predict(data, model.rows, model.bucket_row, model.nwords, model.vocab_slots, model.vocab_bytes,
-                          model.vocab_offsets, model.output, model.left, model.right, model.minn, model.maxn,
+    node, prob = _predict(data, model.rows, model.bucket_row, model.nwords, model.eos_id, model.vocab_slots,
+                          model.vocab_bytes, model.vocab_offsets, model.output, model.left, model.right, model.minn, model.maxn,
                           model.bucket)
     return (model.labels[node], float(prob)) if node >= 0 else ("unknown", 0.0)  # no word: only without "</s>"

@@ -48,13 +48,6 @@ def _model():
     return fasttext_lid.load(model_path())
 
 
-@functools.lru_cache(maxsize=1)
-def _predict():
-    from tasks.extract import fasttext_lid
-
-    return fasttext_lid.predict
-
-
 def detect_lang(text: str, n_chars: int, min_chars: int = 200, min_confidence: float = 0.5) -> tuple[str, float]:
     """(lid.176 label or "unknown", confidence in [0, 1]) of the first `n_chars` characters."""
     sample = text[:n_chars]
@@ -62,7 +55,9 @@ def detect_lang(text: str, n_chars: int, min_chars: int = 200, min_confidence: f
         return "unknown", 0.0
     if sample.isupper():  # fastText reads SHOUTED English as Japanese or Chinese
         sample = sample.lower()
-    label, prob = _predict()(_model(), sample)
+    from tasks.extract.fasttext_lid import predict  # loaded with the model by then: a dict lookup
+
+    label, prob = predict(_model(), sample)
     confidence = round(min(1.0, max(0.0, prob)), 4)
     if confidence < min_confidence:
         return "unknown", confidence
