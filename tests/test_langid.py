@@ -73,6 +73,12 @@ def test_labels_are_every_label_of_the_model():
     assert set(_model().labels) == LABELS and len(LABELS) == 176
 
 
+def _fasttexts_answer(oracle, line: str) -> tuple[str, float]:
+    """fastText's own predict, in fasttext_lid.predict's form (no prediction: unknown, 0)."""
+    labels, probs = oracle.predict(line, k=1)
+    return (labels[0].removeprefix("__label__"), float(probs[0])) if labels else ("unknown", 0.0)
+
+
 def _fuzz(rng: random.Random) -> str:
     """Characters of 1 to 4 UTF-8 bytes, fastText's separators, its end-of-line word and label prefix."""
     pieces = [" ", " ", "\t", "\r", "\v", "\f", "\x00", "\u00a0", "</s>", "__label__", "__label__de", "<", ">"]
@@ -104,9 +110,7 @@ def test_the_compiled_predictor_gives_fasttexts_label_and_probability_to_the_bit
     texts += ["", " ", "\x00", "</s> tail not read", "__label__en", "x" * 5000]
     for text in texts:
         line = text.replace("\n", " ")
-        labels, probs = oracle.predict(line, k=1)
-        want = (labels[0].removeprefix("__label__"), float(probs[0])) if labels else None
-        assert fasttext_lid.predict(_model(), line) == want, repr(line[:80])
+        assert fasttext_lid.predict(_model(), line) == _fasttexts_answer(oracle, line), repr(line[:80])
 
 
 def test_model_files_unlike_lid176(tmp_path):
@@ -122,9 +126,7 @@ def test_model_files_unlike_lid176(tmp_path):
     no_eos.write_bytes(bytes(data))
     oracle, ours = fasttext.load_model(str(no_eos)), fasttext_lid.load(no_eos)
     for text in ["puedes hablar", "</s>", "</s> y", "x </s> y", "</s>x", "hola </s> world world world", ""]:
-        labels, probs = oracle.predict(text, k=1)
-        want = (labels[0].removeprefix("__label__"), float(probs[0])) if labels else ("unknown", 0.0)
-        assert fasttext_lid.predict(ours, text) == want, text
+        assert fasttext_lid.predict(ours, text) == _fasttexts_answer(oracle, text), text
     data[84:92] = (-1).to_bytes(8, "little", signed=True)
     unpruned = tmp_path / "unpruned.ftz"
     unpruned.write_bytes(bytes(data))
