@@ -19,7 +19,7 @@ from flows import command_line
 from flows.stages import DEFAULT_PARAMS, STAGE_FLOWS, failed, resolve
 from tasks.core.config import PipelineParams, load_params
 from tasks.core.errors import ConfigError, describe, exit_code_of
-from tasks.core import registry
+from tasks.core import interrupts, registry
 from tasks.core.registry import PIPELINE
 from tasks.core.runner import stats_path
 
@@ -46,6 +46,7 @@ def pretraining_pipeline(params: PipelineParams = DEFAULT_PARAMS, params_file: s
             if registry.stage(s).cites_lineage and i:  # its provenance reads dvc.lock: record what is done
                 get_run_logger().info(record_in_dvc(chosen[:i], p))
             state = STAGE_FLOWS[s](params=p, return_state=True)
+            interrupts.raise_if_requested()  # a Ctrl-C as the stage's flow run ended, which Prefect drops
             if not state.is_completed():  # the stage's one line becomes the pipeline's state message
                 rows.append({"stage": s, "stats": _stats_or_none(p, s), "error": state.message})
                 get_run_logger().error("stage %s: %s", s, state.message)

@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 
+from tasks.core.interrupts import importing
 from tasks.core.stopping import ShardsStopped, stoppable
 
 _RUNNING: contextvars.ContextVar["ShardThreads | None"] = contextvars.ContextVar("shard_threads", default=None)
@@ -78,7 +79,7 @@ class ShardThreads:
                     return
                 frames = sys._current_frames()
                 for ident in waiting:
-                    if ident in frames and _importing(frames[ident]):
+                    if ident in frames and importing(frames[ident]):
                         continue
                     # between that look and this call the thread runs only if the GIL changes hands,
                     # which it does not on its own within the switch interval (5 ms)
@@ -93,14 +94,6 @@ class ShardThreads:
     def _running(self) -> bool:
         with self._lock:
             return bool(self._idents)
-
-
-def _importing(frame) -> bool:
-    while frame is not None:
-        if frame.f_code.co_filename.startswith("<frozen importlib"):
-            return True
-        frame = frame.f_back
-    return False
 
 
 @contextlib.contextmanager

@@ -45,13 +45,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(stage: str, params_file: str) -> dict:
-    from tasks.core import lifeline
+    from tasks.core import interrupts, lifeline
     from tasks.core.config import load_params
     from tasks.core.errors import ConfigError, naming_full_disk
     from tasks.core.registry import PIPELINE
     from tasks.core.runner import run_stage, stage_lock
     from tasks.validation import validate_stage
 
+    interrupts.install()  # Ctrl-C stops the stage wherever it lands
     if stage not in PIPELINE:
         raise ConfigError(f"unknown stage {stage!r}; stages: {', '.join(PIPELINE)}")
     params = load_params(params_file)

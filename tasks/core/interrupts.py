@@ -1,0 +1,128 @@
+"""Ctrl-C of a command-line run (`python -m flows.pipeline`, `python -m flows.eval_schedule`,
+`python -m tasks`): the run stops, whatever the main thread happened to be doing when it came.
+
+Python's own handler raises KeyboardInterrupt at the next bytecode of the main thread, wherever that
+is. Drills that pressed Ctrl-C at random moments of a pipeline run found three places where that goes
+wrong, each in a few percent of the presses:
+
+- **A finalizer** (a `__del__` or weakref callback run by the garbage collector, which Prefect, pydantic
+  and asyncio set off all the time): the interpreter cannot raise from there, prints "Exception ignored
+  in: ... KeyboardInterrupt" and goes on. The run ignored its Ctrl-C and went on to the next stage.
+- **Prefect's end of a flow run**: an interrupt that lands after the flow's code has returned, while
+  Prefect records the Completed state, is logged at debug level and dropped (flow_engine: "BaseException
+  was raised after user code finished executing"). Same outcome.
+- **Between taking a lock and the `try` that releases it**: importlib's module locks and logging's
+  handler locks are taken that way. The main thread keeps the lock, and the next thread to import that
+  module or write to that handler waits forever, at exit too.
+
+So `install()` puts a handler in Python's place that records the request (`requested()`,
+`raise_if_requested()` for the points after a call that may have dropped it), raises KeyboardInterrupt
+unless the main thread is in one of those lock windows (then it asks again a moment later), and raises
+again an interrupt that a finalizer dropped. And a run asked to stop ends within `EXIT_WITHIN_S` even if
+its shutdown hangs somewhere else: the lifeline (tasks.core.lifeline) then stops what it had started.
+"""
+from __future__ import annotations
+
+import _thread
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+
+EXIT_WITHIN_S = 60.0  # a clean stop takes seconds (shards get 5 s, ranks ~2 s, Prefect's server 5 s)
+_RESEND_AFTER_S = 0.01  # long enough to leave a finalizer or a lock window; short against a person
+_requested = threading.Event()
+_LOGGING_LOCK_WINDOWS = {"acquire", "_acquireLock"}  # Handler.acquire() / _acquireLock(), then `try:`
+
+
+def install(exit_within_s: float = EXIT_WITHIN_S) -> None:
+    """From the main thread, before the run's work. Leaves SIGINT alone where it is ignored (a `nohup`
+    or background job) or handled by someone else, and outside the main thread (a test calling a
+    command's main() in a worker thread), where no signal handler can be set."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    _raise_lost_interrupts()
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, lambda signum, frame: _on_sigint(frame, exit_within_s))
+
+
+def requested() -> bool:
+    """Whether Ctrl-C was pressed during this run."""
+    return _requested.is_set()
+
+
+def raise_if_requested() -> None:
+    """After a call into code that may have dropped the interrupt (a Prefect flow run)."""
+    if _requested.is_set():
+        raise KeyboardInterrupt
+
+
+def _on_sigint(frame, exit_within_s: float) -> None:
+    if not _requested.is_set():
+        _requested.set()
+        threading.Thread(target=_exit_if_still_running, args=(exit_within_s,), name="exit-after-interrupt",
+                         daemon=True).start()
+    if _in_lock_window(frame):
+        _resend_later()
+        return
+    raise KeyboardInterrupt
+
+
+def _in_lock_window(frame) -> bool:
+    """Inside an import (importlib takes its module locks in Python code), or just back from taking a
+    logging lock, before the `try` that would release it."""
+    if frame is not None and frame.f_code.co_filename == logging.__file__ \
+            and frame.f_code.co_name in _LOGGING_LOCK_WINDOWS:
+        return True
+    return importing(frame)
+
+
+def importing(frame) -> bool:
+    """Whether the thread running `frame` is inside an import: an exception raised there can land
+    between importlib's taking a module lock and its `try`, and every later import of that module in
+    another thread (at exit too) then waits forever."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _raise_lost_interrupts() -> None:
+    """An unraisable-exception hook that takes a KeyboardInterrupt dropped in a finalizer of the main
+    thread and asks for it again, from a helper thread: asked for at once, the handler would run inside
+    the hook, that is, still inside the finalizer. Every other exception goes to the previous hook."""
+    if getattr(sys.unraisablehook, "_raises_lost_interrupts", False):
+        return
+    previous = sys.unraisablehook
+
+    def hook(unraisable) -> None:
+        if unraisable.exc_type is KeyboardInterrupt and threading.current_thread() is threading.main_thread():
+            _resend_later()
+            return
+        previous(unraisable)
+
+    hook._raises_lost_interrupts = True
+    sys.unraisablehook = hook
+
+
+def _resend_later() -> None:
+    def resend() -> None:
+        time.sleep(_RESEND_AFTER_S)
+        # as if SIGINT came again: the handler in place runs (this module's, or Python's, which raises
+        # KeyboardInterrupt); nothing happens where SIGINT is ignored or left to the system
+        _thread.interrupt_main(signal.SIGINT)
+
+    threading.Thread(target=resend, name="resend-interrupt", daemon=True).start()
+
+
+def _exit_if_still_running(after_s: float) -> None:
+    time.sleep(after_s)
+    try:
+        sys.stdout.flush()
+        sys.stderr.write(f"interrupted: the run had not stopped {after_s:g} s after Ctrl-C; ending it now\n")
+        sys.stderr.flush()
+    finally:
+        os._exit(130)

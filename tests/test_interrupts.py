@@ -1,0 +1,194 @@
+"""Ctrl-C of a command-line run stops it wherever it lands in the main thread (tasks.core.interrupts).
+
+Each test runs a small program in a fresh interpreter, with the interrupt set off at one exact point:
+`signal.raise_signal` runs the handler at once, in the frame that calls it; `PyErr_SetInterrupt`, a C
+function, only trips the flag, so the handler runs at the caller's next check, as a real SIGINT does.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Ctrl-C while the garbage collector runs a finalizer of the main thread
+IN_A_FINALIZER = """
+    import signal, sys, time, weakref
+    {install}
+
+    class Finalized:
+        def __del__(self):
+            if sys.argv[1] == "del":
+                signal.raise_signal(signal.SIGINT)
+
+    def callback(_):
+        signal.raise_signal(signal.SIGINT)
+
+    try:
+        kept = Finalized()
+        ref = weakref.ref(kept, callback) if sys.argv[1] == "weakref" else None
+        del kept
+        for _ in range(int(sys.argv[2])):  # the run going on as if nothing had happened
+            time.sleep(0.01)
+        print("went on")
+    except KeyboardInterrupt:
+        print("interrupted")
+"""
+
+INSTALL = "from tasks.core import interrupts; interrupts.install(); interrupts.install()  # twice is once"
+
+
+def python(program: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(program), *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, env=env)
+
+
+@pytest.mark.parametrize("where", ["del", "weakref"])
+def test_an_interrupt_raised_in_a_finalizer_is_raised_again_outside_it(where):
+    out = python(IN_A_FINALIZER.format(install=INSTALL), where, "6000")  # up to a minute: ends at the interrupt
+    assert out.stdout.strip() == "interrupted", out
+    assert "Exception ignored" not in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_without_it_python_drops_an_interrupt_raised_in_a_finalizer():
+    """What the handler is for: CPython's own behaviour, which the test above would otherwise not see."""
+    out = python(IN_A_FINALIZER.format(install=""), "del", "100")
+    assert out.stdout.strip() == "went on" and "KeyboardInterrupt" in out.stderr, out
+
+
+LOGGING_LOCK = """
+    import ctypes, logging, sys, threading
+    {install}
+
+    class TripsOnFirstAcquire:
+        # what a real lock does, as seen from Handler.acquire(): a C call that returns holding it; the
+        # first one also trips SIGINT, so the handler runs in Handler.acquire(), before handle()'s `try`
+        def __init__(self):
+            self.acquired = self.released = 0
+        @property
+        def acquire(self):
+            self.acquired += 1
+            return ctypes.pythonapi.PyErr_SetInterrupt if self.acquired == 1 else int
+        def release(self):
+            self.released += 1
+
+    handler = logging.StreamHandler(sys.stdout)
+    handler.lock = TripsOnFirstAcquire()
+    log = logging.getLogger("run")
+    log.addHandler(handler)
+    try:
+        log.warning("written")
+        for _ in range(6000):
+            __import__("time").sleep(0.01)
+    except KeyboardInterrupt:
+        print("interrupted")
+    print("lock released:", handler.lock.acquired == handler.lock.released)
+"""
+
+
+def test_an_interrupt_just_after_a_logging_lock_is_taken_waits_for_its_release():
+    out = python(LOGGING_LOCK.format(install=INSTALL))
+    assert out.stdout.split("\n")[:3] == ["written", "interrupted", "lock released: True"], out
+
+
+def test_without_it_the_interrupt_leaves_the_logging_lock_held():
+    out = python(LOGGING_LOCK.format(install=""))
+    assert out.stdout.split("\n")[:2] == ["interrupted", "lock released: False"], out
+
+
+IN_AN_IMPORT = """
+    import ctypes, sys, time
+    sys.path.insert(0, sys.argv[1])
+    {install}
+    try:
+        import slow_module
+        for _ in range(6000):
+            time.sleep(0.01)
+    except KeyboardInterrupt:
+        print("interrupted")
+    print("imported:", "slow_module" in sys.modules)
+"""
+
+
+def test_an_interrupt_during_an_import_is_raised_after_it(tmp_path):
+    (tmp_path / "slow_module.py").write_text("import ctypes\nctypes.pythonapi.PyErr_SetInterrupt()\nx = [1] * 10\n")
+    out = python(IN_AN_IMPORT.format(install=INSTALL), str(tmp_path))
+    assert out.stdout.split("\n")[:2] == ["interrupted", "imported: True"], out
+    out = python(IN_AN_IMPORT.format(install=""), str(tmp_path))
+    assert out.stdout.split("\n")[:2] == ["interrupted", "imported: False"], out
+
+
+def test_an_interrupt_prefect_drops_at_the_end_of_a_flow_run_is_raised_after_it(server):
+    """Prefect logs and drops a KeyboardInterrupt that comes after the flow's code returned (here from an
+    on_completion hook, which runs there); the pipeline asks again after each stage's flow run."""
+    program = """
+        import signal
+        from prefect import flow
+        from tasks.core import interrupts
+        interrupts.install()
+
+        def ctrl_c(flow, flow_run, state):
+            signal.raise_signal(signal.SIGINT)
+
+        @flow(on_completion=[ctrl_c])
+        def stage():
+            return 1
+
+        print("state:", stage(return_state=True).type.value)
+        try:
+            interrupts.raise_if_requested()
+            print("went on")
+        except KeyboardInterrupt:
+            print("interrupted")
+    """
+    out = python(program, env=server)
+    assert out.stdout.split("\n")[:2] == ["state: COMPLETED", "interrupted"], out
+
+
+def test_a_run_whose_shutdown_hangs_ends_after_the_limit():
+    program = """
+        import signal, threading, time
+        from tasks.core import interrupts
+        interrupts.install(exit_within_s=1.0)
+        threading.Thread(target=time.sleep, args=(600,)).start()  # not a daemon: the exit waits for it
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+    """
+    out = python(program)
+    assert out.returncode == 130, out
+    assert out.stdout == "interrupted\n" and "had not stopped 1 s after Ctrl-C; ending it now" in out.stderr, out
+
+
+def test_other_lost_exceptions_still_reach_the_previous_hook():
+    program = """
+        from tasks.core import interrupts
+        interrupts.install()
+        class Broken:
+            def __del__(self):
+                raise ValueError("from a finalizer")
+        Broken()
+        print("went on")
+    """
+    out = python(program)
+    assert out.stdout.strip() == "went on", out
+    assert "Exception ignored" in out.stderr and "ValueError: from a finalizer" in out.stderr, out.stderr
+
+
+def test_an_ignored_sigint_stays_ignored():
+    """`nohup` and background jobs start with SIGINT ignored: installing must not bring it back."""
+    program = """
+        import signal
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        from tasks.core import interrupts
+        interrupts.install()
+        signal.raise_signal(signal.SIGINT)
+        print("went on", signal.getsignal(signal.SIGINT) is signal.SIG_IGN)
+    """
+    out = python(program)
+    assert out.stdout.strip() == "went on True", out
