@@ -2,7 +2,7 @@
 its first flow, so that however it ends it leaves nothing behind and ends promptly.
 
 - What it starts is stopped once it is gone, even by kill -9 (tasks.core.lifeline).
-- Ctrl-C stops the run wherever it lands, and the run ends within a minute of it (tasks.core.interrupts).
+- Ctrl-C stops the run wherever it lands, and the run ends within 30 s of it (tasks.core.interrupts).
 - With no server configured, Prefect starts a temporary one as a child process. Ctrl-C in a terminal
   signals the whole foreground process group, so that server died with the run it serves, and the run
   then spent minutes retrying its last API calls (the progress artifact, the crash report) against it

@@ -116,3 +116,28 @@ def test_activation_checkpointing_recomputes_every_block():
     counts = run_ranks(_count_block_forwards, world_size=1)[0]
     micro = RUN.parallel.global_batch // RUN.parallel.micro_batch
     assert counts == {False: TINY.n_layer * micro, True: 2 * TINY.n_layer * micro}
+
+
+def test_a_stale_torch_extension_lock_does_not_hang_a_training_start(tmp_path):
+    """A start killed while DeepSpeed loaded its shared-memory op (a torch C++ extension) left the lock
+    file of that build behind, and every later start on the machine waited on it forever."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    stale = tmp_path / "extensions" / "deepspeed_shm_comm" / "lock"
+    stale.parent.mkdir(parents=True)
+    stale.touch()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions"), "DS_ACCELERATOR": "cpu",
+           "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    program = ("import torch.distributed as dist; from trainer.engine import init_distributed; "
+               "init_distributed(); print('started', dist.get_world_size())")
+    try:
+        out = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the start waited on the stale lock file")
+    assert out.stdout.strip().endswith("started 1"), out
+    assert stale.exists()  # not ours to remove: another process may be building there

@@ -163,6 +163,7 @@ def test_a_run_whose_shutdown_hangs_ends_after_the_limit():
     out = python(program)
     assert out.returncode == 130, out
     assert out.stdout == "interrupted\n" and "had not stopped 1 s after Ctrl-C; ending it now" in out.stderr, out
+    assert "in _shutdown" in out.stderr, out.stderr  # every thread's stack: the main one waits for the sleeper
 
 
 def test_other_lost_exceptions_still_reach_the_previous_hook():

@@ -27,6 +27,25 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": plain, "weight_decay": 0.0}]
 
 
+def init_distributed() -> None:
+    """DeepSpeed's process group for this rank (its environment set by the launcher).
+
+    On the CPU accelerator DeepSpeed also loads its shared-memory collective op, a torch C++ extension
+    that only its inference_all_reduce uses, and loading it holds a lock file in the torch extensions
+    folder (~/.cache/torch_extensions) while ninja checks or builds it. A start killed in that window
+    (kill -9, Ctrl-C, a flow run cancelled from the UI) left the file behind, and every later training
+    start on the machine waited on it forever. Training here uses gloo's collectives only, so CPU runs
+    skip the op (the first start on a fresh machine no longer compiles it either)."""
+    import importlib
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+    if get_accelerator().device_name() == "cpu":
+        # by module name: `deepspeed.comm.torch` as an attribute is the torch package that module imports
+        torch_backend = importlib.import_module("deepspeed.comm.torch")
+        torch_backend.build_shm_op = lambda: None  # TorchBackend.__init__ looks the name up when it runs
+    deepspeed.init_distributed(verbose=False)
+
+
 def zero_stage(par: ParallelParams, opt: OptimParams) -> int:
     """ZeRO-1 partitions the optimizer state over the data-parallel replicas; one replica has nothing
     to partition and its flat-buffer copies cost ~7% of a CPU step, so a single-stage dp = 1 fp32 run
@@ -84,7 +103,7 @@ class Engine:
         warnings.filterwarnings("ignore", message="c10d::broadcast_: an autograd kernel was not registered")
         import deepspeed
         from trainer.pipeline import build_pipeline
-        deepspeed.init_distributed(verbose=False)
+        init_distributed()
         group = tensor_group(par)
         pipe = build_pipeline(model, par, group, seed)
         ds_engine, *_ = deepspeed.initialize(model=pipe, model_parameters=param_groups(pipe, opt.weight_decay),

@@ -24,6 +24,7 @@ its shutdown hangs somewhere else: the lifeline (tasks.core.lifeline) then stops
 from __future__ import annotations
 
 import _thread
+import faulthandler
 import logging
 import os
 import signal
@@ -31,7 +32,7 @@ import sys
 import threading
 import time
 
-EXIT_WITHIN_S = 60.0  # a clean stop takes seconds (shards get 5 s, ranks ~2 s, Prefect's server 5 s)
+EXIT_WITHIN_S = 30.0  # a clean stop takes seconds (shards get 5 s, ranks ~2 s, Prefect's server 5 s)
 _RESEND_AFTER_S = 0.01  # long enough to leave a finalizer or a lock window; short against a person
 _requested = threading.Event()
 _LOGGING_LOCK_WINDOWS = {"acquire", "_acquireLock"}  # Handler.acquire() / _acquireLock(), then `try:`
@@ -122,7 +123,9 @@ def _exit_if_still_running(after_s: float) -> None:
     time.sleep(after_s)
     try:
         sys.stdout.flush()
-        sys.stderr.write(f"interrupted: the run had not stopped {after_s:g} s after Ctrl-C; ending it now\n")
+        sys.stderr.write(f"interrupted: the run had not stopped {after_s:g} s after Ctrl-C; ending it now. "
+                         "Where each thread was (for a bug report):\n")
         sys.stderr.flush()
+        faulthandler.dump_traceback(all_threads=True)
     finally:
         os._exit(130)
