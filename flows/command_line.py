@@ -2,7 +2,7 @@
 its first flow, so that however it ends it leaves nothing behind and ends promptly.
 
 - What it starts is stopped once it is gone, even by kill -9 (tasks.core.lifeline).
-- Ctrl-C stops the run wherever it lands, and the run ends within 30 s of it (tasks.core.interrupts).
+- Ctrl-C stops the run wherever it lands, and the run ends soon after it (tasks.core.interrupts).
 - With no server configured, Prefect starts a temporary one as a child process. Ctrl-C in a terminal
   signals the whole foreground process group, so that server died with the run it serves, and the run
   then spent minutes retrying its last API calls (the progress artifact, the crash report) against it
@@ -15,9 +15,10 @@ from __future__ import annotations
 import signal
 
 
-def prepare() -> None:
+def prepare(stop_within_s: float | None = None) -> None:
+    """`stop_within_s`: how long a run asked to stop may take before it is ended (the default: 30 s)."""
     from tasks.core import interrupts, lifeline
-    interrupts.install()
+    interrupts.install(stop_within_s or interrupts.EXIT_WITHIN_S)
     lifeline.guard_descendants()
     _start_temporary_server_apart_from_ctrl_c()
 

@@ -74,7 +74,7 @@ def main(argv: list[str]) -> int:
         return 0
     params_file, stages = (argv[0], argv[1:]) if argv else ("params.yaml", [])
     try:
-        load_params(params_file)  # a bad file fails before any Prefect server starts
+        p = load_params(params_file)  # a bad file fails before any Prefect server starts
         unknown = [s for s in stages if s not in PIPELINE]
         if unknown:
             raise ConfigError(f"unknown stage {unknown[0]!r}: the stages are {', '.join(PIPELINE)}")
@@ -82,7 +82,7 @@ def main(argv: list[str]) -> int:
         print(describe(e)[1], file=sys.stderr)
         return 2
     try:
-        command_line.prepare()
+        command_line.prepare(stop_within_s=interrupts.EXIT_WITHIN_S + p.download.timeout_s)
         state = pretraining_pipeline(params_file=params_file, stages=stages or None, return_state=True)
     except KeyboardInterrupt:  # Ctrl-C: finished shards and checkpoints stay, the rest is redone by a rerun
         print("interrupted: the pipeline stopped; rerun it to resume", file=sys.stderr)

@@ -52,10 +52,11 @@ def run(stage: str, params_file: str) -> dict:
     from tasks.core.runner import run_stage, stage_lock
     from tasks.validation import validate_stage
 
-    interrupts.install()  # Ctrl-C stops the stage wherever it lands
     if stage not in PIPELINE:
         raise ConfigError(f"unknown stage {stage!r}; stages: {', '.join(PIPELINE)}")
     params = load_params(params_file)
+    # Ctrl-C stops the stage wherever it lands (a shard in a stalled download needs up to its timeout)
+    interrupts.install(interrupts.EXIT_WITHIN_S + params.download.timeout_s)
     with naming_full_disk(params.paths.data_dir), stage_lock(params, stage):
         lifeline.guard_descendants()  # what the stage starts (sandboxed extraction, ranks) ends with it
         stats = run_stage(stage, params, validation_follows=True)

@@ -104,22 +104,65 @@ IN_AN_IMPORT = """
     import ctypes, sys, time
     sys.path.insert(0, sys.argv[1])
     {install}
+
+    class TripsInImportlib:
+        # a finder that is a C function: importlib's own frame calls it, so the handler runs in importlib's
+        # code, where the global import lock may be held (`_imp.acquire_lock()` then `try:`)
+        find_spec = ctypes.pythonapi.PyErr_SetInterrupt
+    ctypes.pythonapi.PyErr_SetInterrupt.restype = None  # "no spec here": the next finder is asked
+
+    if sys.argv[2] == "importlib":
+        sys.meta_path.insert(0, TripsInImportlib)
     try:
-        import slow_module
+        import a_module
+        sys.meta_path[:] = [f for f in sys.meta_path if f is not TripsInImportlib]
         for _ in range(6000):
             time.sleep(0.01)
     except KeyboardInterrupt:
         print("interrupted")
-    print("imported:", "slow_module" in sys.modules)
+    print("imported:", "a_module" in sys.modules)
+    print("module code ran to its end:", (sys.modules.get("a_module") and a_module.done) or False)
 """
 
 
-def test_an_interrupt_during_an_import_is_raised_after_it(tmp_path):
-    (tmp_path / "slow_module.py").write_text("import ctypes\nctypes.pythonapi.PyErr_SetInterrupt()\nx = [1] * 10\n")
-    out = python(IN_AN_IMPORT.format(install=INSTALL), str(tmp_path))
-    assert out.stdout.split("\n")[:2] == ["interrupted", "imported: True"], out
-    out = python(IN_AN_IMPORT.format(install=""), str(tmp_path))
-    assert out.stdout.split("\n")[:2] == ["interrupted", "imported: False"], out
+@pytest.mark.parametrize("install,imported", [(INSTALL, True), ("", False)])
+def test_an_interrupt_in_importlibs_own_code_is_raised_after_the_import(tmp_path, install, imported):
+    (tmp_path / "a_module.py").write_text("done = True\n")
+    out = python(IN_AN_IMPORT.format(install=install), str(tmp_path), "importlib")
+    assert out.stdout.split("\n")[:2] == ["interrupted", f"imported: {imported}"], out
+
+
+def test_an_interrupt_in_a_modules_own_code_is_raised_there(tmp_path):
+    """Not put off to the end of the import: importlib holds the module's lock in a `with`, so the import
+    fails cleanly, as it does without the handler (an import can take long, or block)."""
+    (tmp_path / "a_module.py").write_text("import ctypes\nctypes.pythonapi.PyErr_SetInterrupt()\ndone = True\n")
+    for install in (INSTALL, ""):
+        out = python(IN_AN_IMPORT.format(install=install), str(tmp_path), "module")
+        assert out.stdout.split("\n")[:3] == ["interrupted", "imported: False", "module code ran to its end: False"], out
+
+
+def test_an_interrupt_asked_again_wakes_a_main_thread_blocked_in_a_wait():
+    """Dropped in a finalizer just before the main thread waits (as in Prefect's as_completed): asked
+    again by a real signal, it ends the wait, rather than being run when the wait is over."""
+    program = """
+        import signal, threading
+        from tasks.core import interrupts
+        interrupts.install()
+        class Finalized:
+            def __del__(self):
+                signal.raise_signal(signal.SIGINT)
+        try:
+            Finalized()
+            threading.Event().wait(3600)
+            print("wait ended")
+        except KeyboardInterrupt:
+            print("interrupted")
+    """
+    try:
+        out = python(program)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the interrupt waited for the end of the wait")
+    assert out.stdout.strip() == "interrupted", out
 
 
 def test_an_interrupt_prefect_drops_at_the_end_of_a_flow_run_is_raised_after_it(server):

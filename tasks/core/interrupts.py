@@ -11,19 +11,19 @@ wrong, each in a few percent of the presses:
 - **Prefect's end of a flow run**: an interrupt that lands after the flow's code has returned, while
   Prefect records the Completed state, is logged at debug level and dropped (flow_engine: "BaseException
   was raised after user code finished executing"). Same outcome.
-- **Between taking a lock and the `try` that releases it**: importlib's module locks and logging's
-  handler locks are taken that way. The main thread keeps the lock, and the next thread to import that
-  module or write to that handler waits forever, at exit too.
+- **Between taking a lock and the `try` that releases it**: importlib's global import lock and
+  logging's handler locks are taken that way. The main thread keeps the lock, and the next thread to
+  import anything or write to that handler waits forever, at exit too.
 
 So `install()` puts a handler in Python's place that records the request (`requested()`,
 `raise_if_requested()` for the points after a call that may have dropped it), raises KeyboardInterrupt
-unless the main thread is in one of those lock windows (then it asks again a moment later), and raises
-again an interrupt that a finalizer dropped. And a run asked to stop ends within `EXIT_WITHIN_S` even if
-its shutdown hangs somewhere else: the lifeline (tasks.core.lifeline) then stops what it had started.
+unless the main thread is in one of those lock windows (then it signals the main thread again a moment
+later), and asks again for an interrupt that a finalizer dropped. And a run asked to stop ends within
+`exit_within_s` even if its shutdown hangs somewhere else, with every thread's stack for a bug report:
+the lifeline (tasks.core.lifeline) then stops what it had started.
 """
 from __future__ import annotations
 
-import _thread
 import faulthandler
 import logging
 import os
@@ -32,10 +32,13 @@ import sys
 import threading
 import time
 
-EXIT_WITHIN_S = 30.0  # a clean stop takes seconds (shards get 5 s, ranks ~2 s, Prefect's server 5 s)
+# a clean stop takes seconds (shards get 5 s, ranks ~2 s, Prefect's server 5 s); a shard blocked in a
+# read of a stalled server needs up to download.timeout_s more, which the commands add
+EXIT_WITHIN_S = 30.0
 _RESEND_AFTER_S = 0.01  # long enough to leave a finalizer or a lock window; short against a person
 _requested = threading.Event()
 _LOGGING_LOCK_WINDOWS = {"acquire", "_acquireLock"}  # Handler.acquire() / _acquireLock(), then `try:`
+_IMPORTLIB_FILES = (os.path.join("importlib", "_bootstrap.py"), os.path.join("importlib", "_bootstrap_external.py"))
 
 
 def install(exit_within_s: float = EXIT_WITHIN_S) -> None:
@@ -72,23 +75,31 @@ def _on_sigint(frame, exit_within_s: float) -> None:
 
 
 def _in_lock_window(frame) -> bool:
-    """Inside an import (importlib takes its module locks in Python code), or just back from taking a
-    logging lock, before the `try` that would release it."""
-    if frame is not None and frame.f_code.co_filename == logging.__file__ \
-            and frame.f_code.co_name in _LOGGING_LOCK_WINDOWS:
-        return True
-    return importing(frame)
+    """Where the handler would raise between taking a lock and the `try` that releases it: in
+    importlib's own code (`_imp.acquire_lock()` then `try:` takes the global import lock), or just back
+    from taking a logging lock. The handler runs in the innermost frame, so that frame is the one to
+    look at: a module's own code, run inside an import, is safe to interrupt (importlib holds the
+    module's lock in a `with`), and the import then fails as it always did."""
+    if frame is None:
+        return False
+    code = frame.f_code
+    return _importlib_code(code) or (code.co_filename == logging.__file__ and code.co_name in _LOGGING_LOCK_WINDOWS)
 
 
 def importing(frame) -> bool:
-    """Whether the thread running `frame` is inside an import: an exception raised there can land
-    between importlib's taking a module lock and its `try`, and every later import of that module in
-    another thread (at exit too) then waits forever."""
+    """Whether the thread running `frame` is anywhere inside an import. An exception raised in another
+    thread (flows/shard_threads.py) lands at whatever bytecode that thread runs next, maybe in
+    importlib's lock windows, so there the whole import is avoided."""
     while frame is not None:
-        if frame.f_code.co_filename.startswith("<frozen importlib"):
+        if _importlib_code(frame.f_code):
             return True
         frame = frame.f_back
     return False
+
+
+def _importlib_code(code) -> bool:
+    name = code.co_filename  # "<frozen importlib._bootstrap>", or a path under -X frozen_modules=off
+    return name.startswith("<frozen importlib") or name.endswith(_IMPORTLIB_FILES)
 
 
 def _raise_lost_interrupts() -> None:
@@ -100,7 +111,8 @@ def _raise_lost_interrupts() -> None:
     previous = sys.unraisablehook
 
     def hook(unraisable) -> None:
-        if unraisable.exc_type is KeyboardInterrupt and threading.current_thread() is threading.main_thread():
+        if unraisable.exc_type is KeyboardInterrupt and threading.current_thread() is threading.main_thread() \
+                and not getattr(threading, "_SHUTTING_DOWN", False):  # at exit: reported, as Python does
             _resend_later()
             return
         previous(unraisable)
@@ -112,9 +124,10 @@ def _raise_lost_interrupts() -> None:
 def _resend_later() -> None:
     def resend() -> None:
         time.sleep(_RESEND_AFTER_S)
-        # as if SIGINT came again: the handler in place runs (this module's, or Python's, which raises
-        # KeyboardInterrupt); nothing happens where SIGINT is ignored or left to the system
-        _thread.interrupt_main(signal.SIGINT)
+        # SIGINT again, to the main thread: a real signal, so that a main thread blocked in a wait
+        # (Prefect's as_completed, a join) wakes to run the handler now, not when the wait ends
+        if callable(signal.getsignal(signal.SIGINT)):  # not where SIGINT is ignored or left to the system
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
     threading.Thread(target=resend, name="resend-interrupt", daemon=True).start()
 
