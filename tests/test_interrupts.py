@@ -95,6 +95,20 @@ def test_an_interrupt_just_after_a_logging_lock_is_taken_waits_for_its_release()
     assert out.stdout.split("\n")[:3] == ["written", "interrupted", "lock released: True"], out
 
 
+def test_an_interrupt_put_off_then_raised_by_the_pipelines_check_is_raised_once():
+    """Put off in a lock window, then raised by raise_if_requested before the handler's own second try:
+    that try must not raise it again, in the first one's cleanup (the run then died by SIGINT at exit)."""
+    program = LOGGING_LOCK.format(install=INSTALL).replace("""        log.warning("written")
+        for _ in range(6000):""", """        log.warning("written")
+        interrupts.raise_if_requested()  # within the 10 ms before the handler asks again
+        for _ in range(6000):""").replace("""    print("lock released:""", """    time.sleep(0.5)  # where a second KeyboardInterrupt would land
+    print("once")
+    print("lock released:""")
+    out = python(program.replace("import ctypes, logging, sys, threading", "import ctypes, logging, sys, threading, time"))
+    assert out.stdout.split("\n")[:4] == ["written", "interrupted", "once", "lock released: True"], out
+    assert out.returncode == 0, out
+
+
 def test_without_it_the_interrupt_leaves_the_logging_lock_held():
     out = python(LOGGING_LOCK.format(install=""))
     assert out.stdout.split("\n")[:2] == ["interrupted", "lock released: False"], out

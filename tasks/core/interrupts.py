@@ -37,6 +37,15 @@ import time
 EXIT_WITHIN_S = 30.0
 _RESEND_AFTER_S = 0.01  # long enough to leave a finalizer or a lock window; short against a person
 _requested = threading.Event()
+
+
+class _Owed:
+    """Whether the main thread is owed a KeyboardInterrupt (put off, or dropped in a finalizer), and
+    whether the SIGINT on its way is one this module sent. Plain flags, not a lock: the signal handler
+    runs in the main thread between any two bytecodes, where taking a lock the main thread may already
+    hold would never return."""
+    owed = False
+    resent = False
 _LOGGING_LOCK_WINDOWS = {"acquire", "_acquireLock"}  # Handler.acquire() / _acquireLock(), then `try:`
 _IMPORTLIB_FILES = (os.path.join("importlib", "_bootstrap.py"), os.path.join("importlib", "_bootstrap_external.py"))
 
@@ -60,6 +69,7 @@ def requested() -> bool:
 def raise_if_requested() -> None:
     """After a call into code that may have dropped the interrupt (a Prefect flow run)."""
     if _requested.is_set():
+        _Owed.owed = False  # paid here: a SIGINT this module still has on its way is not raised again
         raise KeyboardInterrupt
 
 
@@ -68,9 +78,15 @@ def _on_sigint(frame, exit_within_s: float) -> None:
         _requested.set()
         threading.Thread(target=_exit_if_still_running, args=(exit_within_s,), name="exit-after-interrupt",
                          daemon=True).start()
+    if _Owed.resent:  # ours: raised only if still owed (raise_if_requested may have raised it meanwhile;
+        _Owed.resent = False  # a second KeyboardInterrupt would land in the first one's cleanup)
+        if not _Owed.owed:
+            return
     if _in_lock_window(frame):
+        _Owed.owed = True
         _resend_later()
         return
+    _Owed.owed = False
     raise KeyboardInterrupt
 
 
@@ -113,6 +129,7 @@ def _raise_lost_interrupts() -> None:
     def hook(unraisable) -> None:
         if unraisable.exc_type is KeyboardInterrupt and threading.current_thread() is threading.main_thread() \
                 and not getattr(threading, "_SHUTTING_DOWN", False):  # at exit: reported, as Python does
+            _Owed.owed = True
             _resend_later()
             return
         previous(unraisable)
@@ -126,7 +143,9 @@ def _resend_later() -> None:
         time.sleep(_RESEND_AFTER_S)
         # SIGINT again, to the main thread: a real signal, so that a main thread blocked in a wait
         # (Prefect's as_completed, a join) wakes to run the handler now, not when the wait ends
-        if callable(signal.getsignal(signal.SIGINT)):  # not where SIGINT is ignored or left to the system
+        if _Owed.owed and callable(signal.getsignal(signal.SIGINT)) \
+                and not getattr(threading, "_SHUTTING_DOWN", False):  # not at exit, nor where SIGINT is ignored
+            _Owed.resent = True
             signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
     threading.Thread(target=resend, name="resend-interrupt", daemon=True).start()
