@@ -14,6 +14,7 @@ from prefect.artifacts import create_markdown_artifact
 from flows.plots import data_uri, history_png
 from flows import command_line
 from flows.stages import DEFAULT_PARAMS, resolve
+from tasks.core import interrupts
 from tasks.core.config import PipelineParams
 from tasks.core.errors import describe
 from tasks.evaluate import history as hist
@@ -79,13 +80,19 @@ def main(argv: list[str]) -> int:
         command_line.prepare()
         print(evaluate_checkpoints(params_file=argv[0] if argv else "params.yaml"))
     except Exception as e:  # noqa: BLE001
+        if interrupts.requested():  # a Ctrl-C that an import turned into an error
+            return _interrupted()
         code, line = describe(e)
         print(line, file=sys.stderr)
         return code
     except KeyboardInterrupt:  # Ctrl-C: the checkpoints evaluated so far stay in the history
-        print("interrupted: evaluation stopped; rerun it to go on", file=sys.stderr)
-        return 130
+        return _interrupted()
     return 0
+
+
+def _interrupted() -> int:
+    print("interrupted: evaluation stopped; rerun it to go on", file=sys.stderr)
+    return interrupts.exit_code()
 
 
 if __name__ == "__main__":

@@ -85,14 +85,20 @@ def main(argv: list[str]) -> int:
         command_line.prepare(stop_within_s=interrupts.EXIT_WITHIN_S + p.download.timeout_s)
         state = pretraining_pipeline(params_file=params_file, stages=stages or None, return_state=True)
     except KeyboardInterrupt:  # Ctrl-C: finished shards and checkpoints stay, the rest is redone by a rerun
-        print("interrupted: the pipeline stopped; rerun it to resume", file=sys.stderr)
-        return 130
+        return _interrupted()
     if not state.is_completed():
+        if interrupts.requested():  # a Ctrl-C that an import turned into a stage's error
+            return _interrupted()
         print(state.message, file=sys.stderr)
         return exit_code_of(state.message or "")
     out = state.result()
     print({s: {k: v.get(k) for k in ("docs_in", "docs_out")} for s, v in out.items()})
     return 0
+
+
+def _interrupted() -> int:
+    print("interrupted: the pipeline stopped; rerun it to resume", file=sys.stderr)
+    return interrupts.exit_code()
 
 
 if __name__ == "__main__":

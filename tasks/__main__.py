@@ -17,6 +17,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def main(argv: list[str] | None = None) -> int:
+    from tasks.core import interrupts
     from tasks.core.errors import describe
 
     ap = argparse.ArgumentParser(prog="python -m tasks", description=__doc__,
@@ -28,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = run(args.stage, args.params)
     except Exception as e:  # every error ends as one line and its exit code (README: exit codes)
+        if interrupts.requested():  # a Ctrl-C that an import turned into an error (ImportError: ... failed)
+            return _interrupted(args.stage, interrupts)
         code, line = describe(e)
         if args.params != "params.yaml":  # the hint to run an input stage names the same params file
             line = re.sub(r"`python -m tasks (\S+)`", rf"`python -m tasks \1 --params {args.params}`", line)
@@ -36,12 +39,16 @@ def main(argv: list[str] | None = None) -> int:
         print(line, file=sys.stderr)
         return code
     except KeyboardInterrupt:  # Ctrl-C: finished shards stay done, the rest is redone by the next run
-        print(f"interrupted: stage '{args.stage}' stopped; rerun it to resume", file=sys.stderr)
-        return 130
+        return _interrupted(args.stage, interrupts)
     for line in summary.pop("warnings", []):
         print(f"warning: {line}", file=sys.stderr)
     print(json.dumps(summary, sort_keys=True))
     return 0
+
+
+def _interrupted(stage: str, interrupts) -> int:
+    print(f"interrupted: stage '{stage}' stopped; rerun it to resume", file=sys.stderr)
+    return interrupts.exit_code()
 
 
 def run(stage: str, params_file: str) -> dict:
@@ -55,7 +62,7 @@ def run(stage: str, params_file: str) -> dict:
     if stage not in PIPELINE:
         raise ConfigError(f"unknown stage {stage!r}; stages: {', '.join(PIPELINE)}")
     params = load_params(params_file)
-    # Ctrl-C stops the stage wherever it lands (a shard in a stalled download needs up to its timeout)
+    # the limit after Ctrl-C: a shard blocked in a stalled download needs up to its timeout
     interrupts.install(interrupts.EXIT_WITHIN_S + params.download.timeout_s)
     with naming_full_disk(params.paths.data_dir), stage_lock(params, stage):
         lifeline.guard_descendants()  # what the stage starts (sandboxed extraction, ranks) ends with it
@@ -68,4 +75,6 @@ def run(stage: str, params_file: str) -> dict:
 
 
 if __name__ == "__main__":
+    from tasks.core import interrupts
+    interrupts.install()  # first: Ctrl-C stops the stage wherever it lands, its imports included
     sys.exit(main())

@@ -6,6 +6,7 @@ function, only trips the flag, so the handler runs at the caller's next check, a
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -92,7 +93,8 @@ LOGGING_LOCK = """
 
 def test_an_interrupt_just_after_a_logging_lock_is_taken_waits_for_its_release():
     out = python(LOGGING_LOCK.format(install=INSTALL))
-    assert out.stdout.split("\n")[:3] == ["written", "interrupted", "lock released: True"], out
+    # "written" first, unless a loaded machine let the second try come before the record's write
+    assert [line for line in out.stdout.split("\n") if line != "written"][:2] == ["interrupted", "lock released: True"], out
 
 
 def test_an_interrupt_put_off_then_raised_by_the_pipelines_check_is_raised_once():
@@ -105,7 +107,7 @@ def test_an_interrupt_put_off_then_raised_by_the_pipelines_check_is_raised_once(
     print("once")
     print("lock released:""")
     out = python(program.replace("import ctypes, logging, sys, threading", "import ctypes, logging, sys, threading, time"))
-    assert out.stdout.split("\n")[:4] == ["written", "interrupted", "once", "lock released: True"], out
+    assert [line for line in out.stdout.split("\n") if line != "written"][:3] == ["interrupted", "once", "lock released: True"], out
     assert out.returncode == 0, out
 
 
@@ -132,18 +134,26 @@ IN_AN_IMPORT = """
         sys.meta_path[:] = [f for f in sys.meta_path if f is not TripsInImportlib]
         for _ in range(6000):
             time.sleep(0.01)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         print("interrupted")
+        tb = e.__traceback__
+        while tb.tb_next:
+            tb = tb.tb_next
+        where = tb.tb_frame.f_code.co_filename
     print("imported:", "a_module" in sys.modules)
     print("module code ran to its end:", (sys.modules.get("a_module") and a_module.done) or False)
+    print("raised in importlib's code:", where.startswith("<frozen importlib"))
 """
 
 
-@pytest.mark.parametrize("install,imported", [(INSTALL, True), ("", False)])
-def test_an_interrupt_in_importlibs_own_code_is_raised_after_the_import(tmp_path, install, imported):
+@pytest.mark.parametrize("install,in_importlib", [(INSTALL, False), ("", True)])
+def test_an_interrupt_in_importlibs_own_code_is_raised_outside_it(tmp_path, install, in_importlib):
+    """Put off while importlib's code runs: raised after the import, or (on a slow machine, where the
+    second try comes sooner) in the module's own code, which is safe to interrupt."""
     (tmp_path / "a_module.py").write_text("done = True\n")
     out = python(IN_AN_IMPORT.format(install=install), str(tmp_path), "importlib")
-    assert out.stdout.split("\n")[:2] == ["interrupted", f"imported: {imported}"], out
+    lines = out.stdout.split("\n")
+    assert lines[0] == "interrupted" and lines[3] == f"raised in importlib's code: {in_importlib}", out
 
 
 def test_an_interrupt_in_a_modules_own_code_is_raised_there(tmp_path):
@@ -152,7 +162,8 @@ def test_an_interrupt_in_a_modules_own_code_is_raised_there(tmp_path):
     (tmp_path / "a_module.py").write_text("import ctypes\nctypes.pythonapi.PyErr_SetInterrupt()\ndone = True\n")
     for install in (INSTALL, ""):
         out = python(IN_AN_IMPORT.format(install=install), str(tmp_path), "module")
-        assert out.stdout.split("\n")[:3] == ["interrupted", "imported: False", "module code ran to its end: False"], out
+        assert out.stdout.split("\n")[:4] == ["interrupted", "imported: False", "module code ran to its end: False",
+                                               "raised in importlib's code: False"], out
 
 
 def test_an_interrupt_asked_again_wakes_a_main_thread_blocked_in_a_wait():
@@ -210,7 +221,7 @@ def test_a_run_whose_shutdown_hangs_ends_after_the_limit():
     program = """
         import signal, threading, time
         from tasks.core import interrupts
-        interrupts.install(exit_within_s=1.0)
+        interrupts.install(exit_within_s=5.0)
         threading.Thread(target=time.sleep, args=(600,)).start()  # not a daemon: the exit waits for it
         try:
             signal.raise_signal(signal.SIGINT)
@@ -219,7 +230,7 @@ def test_a_run_whose_shutdown_hangs_ends_after_the_limit():
     """
     out = python(program)
     assert out.returncode == 130, out
-    assert out.stdout == "interrupted\n" and "had not stopped 1 s after Ctrl-C; ending it now" in out.stderr, out
+    assert out.stdout == "interrupted\n" and "had not stopped 5 s after Ctrl-C; ending it now" in out.stderr, out
     assert "in _shutdown" in out.stderr, out.stderr  # every thread's stack: the main one waits for the sleeper
 
 
@@ -250,3 +261,18 @@ def test_an_ignored_sigint_stays_ignored():
     """
     out = python(program)
     assert out.stdout.strip() == "went on True", out
+
+
+@pytest.mark.parametrize("ends_with,status", [("sys.exit(interrupts.exit_code())", 130), ("sys.exit(130)", -2)])
+def test_a_command_stopped_by_ctrl_c_exits_130(tmp_path, ends_with, status):
+    """A KeyboardInterrupt that escaped code a C extension ran through PyRun_String (numba's import does)
+    made `python -m tasks ...` kill itself by SIGINT at exit, however main() had handled it."""
+    (tmp_path / "a_command.py").write_text(textwrap.dedent(f"""
+        import ctypes, sys
+        from tasks.core import interrupts
+        ctypes.pythonapi.PyRun_SimpleString(b"import signal; signal.raise_signal(signal.SIGINT)")
+        {ends_with}
+    """))
+    out = subprocess.run([sys.executable, "-m", "a_command"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == status, out

@@ -24,6 +24,7 @@ the lifeline (tasks.core.lifeline) then stops what it had started.
 """
 from __future__ import annotations
 
+import ctypes
 import faulthandler
 import logging
 import os
@@ -43,22 +44,36 @@ class _Owed:
     """Whether the main thread is owed a KeyboardInterrupt (put off, or dropped in a finalizer), and
     whether the SIGINT on its way is one this module sent. Plain flags, not a lock: the signal handler
     runs in the main thread between any two bytecodes, where taking a lock the main thread may already
-    hold would never return."""
+    hold would never return. And how long a run asked to stop may take (the last install's)."""
     owed = False
     resent = False
+    exit_within_s = EXIT_WITHIN_S
 _LOGGING_LOCK_WINDOWS = {"acquire", "_acquireLock"}  # Handler.acquire() / _acquireLock(), then `try:`
 _IMPORTLIB_FILES = (os.path.join("importlib", "_bootstrap.py"), os.path.join("importlib", "_bootstrap_external.py"))
 
 
 def install(exit_within_s: float = EXIT_WITHIN_S) -> None:
-    """From the main thread, before the run's work. Leaves SIGINT alone where it is ignored (a `nohup`
+    """From the main thread, as early as the command can (a Ctrl-C during its imports counts too);
+    again, once the params are read, to set the limit. Leaves SIGINT alone where it is ignored (a `nohup`
     or background job) or handled by someone else, and outside the main thread (a test calling a
     command's main() in a worker thread), where no signal handler can be set."""
     if threading.current_thread() is not threading.main_thread():
         return
     _raise_lost_interrupts()
+    _Owed.exit_within_s = exit_within_s
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        signal.signal(signal.SIGINT, lambda signum, frame: _on_sigint(frame, exit_within_s))
+        signal.signal(signal.SIGINT, _on_sigint)
+
+
+def exit_code() -> int:
+    """130, the exit status of a command stopped by Ctrl-C, and no other: a KeyboardInterrupt that
+    escaped code a C extension ran through PyRun_String (numba's import does) sets a flag in CPython 3.11
+    that makes `python -m ...` kill itself by SIGINT at exit (status -2) however the program handled it."""
+    try:
+        ctypes.c_int.in_dll(ctypes.pythonapi, "_Py_UnhandledKeyboardInterrupt").value = 0
+    except (ValueError, AttributeError):  # another Python keeps it elsewhere; a shell still says 130
+        pass
+    return 130
 
 
 def requested() -> bool:
@@ -73,10 +88,10 @@ def raise_if_requested() -> None:
         raise KeyboardInterrupt
 
 
-def _on_sigint(frame, exit_within_s: float) -> None:
+def _on_sigint(signum, frame) -> None:
     if not _requested.is_set():
         _requested.set()
-        threading.Thread(target=_exit_if_still_running, args=(exit_within_s,), name="exit-after-interrupt",
+        threading.Thread(target=_exit_if_still_running, args=(_Owed.exit_within_s,), name="exit-after-interrupt",
                          daemon=True).start()
     if _Owed.resent:  # ours: raised only if still owed (raise_if_requested may have raised it meanwhile;
         _Owed.resent = False  # a second KeyboardInterrupt would land in the first one's cleanup)
