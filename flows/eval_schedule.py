@@ -91,8 +91,7 @@ def main(argv: list[str]) -> int:
 
 
 def _interrupted() -> int:
-    print("interrupted: evaluation stopped; rerun it to go on", file=sys.stderr)
-    return interrupts.exit_code()
+    return interrupts.interrupted("interrupted: evaluation stopped; rerun it to go on")
 
 
 if __name__ == "__main__":

@@ -97,8 +97,7 @@ def main(argv: list[str]) -> int:
 
 
 def _interrupted() -> int:
-    print("interrupted: the pipeline stopped; rerun it to resume", file=sys.stderr)
-    return interrupts.exit_code()
+    return interrupts.interrupted("interrupted: the pipeline stopped; rerun it to resume")
 
 
 if __name__ == "__main__":

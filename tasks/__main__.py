@@ -26,11 +26,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--verbose", action="store_true", help="print the traceback of an error too")
     args = ap.parse_args(argv)
+    stopped = f"interrupted: stage '{args.stage}' stopped; rerun it to resume"
     try:
         summary = run(args.stage, args.params)
     except Exception as e:  # every error ends as one line and its exit code (README: exit codes)
         if interrupts.requested():  # a Ctrl-C that an import turned into an error (ImportError: ... failed)
-            return _interrupted(args.stage, interrupts)
+            return interrupts.interrupted(stopped)
         code, line = describe(e)
         if args.params != "params.yaml":  # the hint to run an input stage names the same params file
             line = re.sub(r"`python -m tasks (\S+)`", rf"`python -m tasks \1 --params {args.params}`", line)
@@ -39,16 +40,11 @@ def main(argv: list[str] | None = None) -> int:
         print(line, file=sys.stderr)
         return code
     except KeyboardInterrupt:  # Ctrl-C: finished shards stay done, the rest is redone by the next run
-        return _interrupted(args.stage, interrupts)
+        return interrupts.interrupted(stopped)
     for line in summary.pop("warnings", []):
         print(f"warning: {line}", file=sys.stderr)
     print(json.dumps(summary, sort_keys=True))
     return 0
-
-
-def _interrupted(stage: str, interrupts) -> int:
-    print(f"interrupted: stage '{stage}' stopped; rerun it to resume", file=sys.stderr)
-    return interrupts.exit_code()
 
 
 def run(stage: str, params_file: str) -> dict:

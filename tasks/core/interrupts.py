@@ -40,7 +40,7 @@ _RESEND_AFTER_S = 0.01  # long enough to leave a finalizer or a lock window; sho
 _requested = threading.Event()
 
 
-class _Owed:
+class _State:
     """Whether the main thread is owed a KeyboardInterrupt (put off, or dropped in a finalizer), and
     whether the SIGINT on its way is one this module sent. Plain flags, not a lock: the signal handler
     runs in the main thread between any two bytecodes, where taking a lock the main thread may already
@@ -48,6 +48,8 @@ class _Owed:
     owed = False
     resent = False
     exit_within_s = EXIT_WITHIN_S
+
+
 _LOGGING_LOCK_WINDOWS = {"acquire", "_acquireLock"}  # Handler.acquire() / _acquireLock(), then `try:`
 _IMPORTLIB_FILES = (os.path.join("importlib", "_bootstrap.py"), os.path.join("importlib", "_bootstrap_external.py"))
 
@@ -60,7 +62,7 @@ def install(exit_within_s: float = EXIT_WITHIN_S) -> None:
     if threading.current_thread() is not threading.main_thread():
         return
     _raise_lost_interrupts()
-    _Owed.exit_within_s = exit_within_s
+    _State.exit_within_s = exit_within_s
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _on_sigint)
 
@@ -76,6 +78,12 @@ def exit_code() -> int:
     return 130
 
 
+def interrupted(line: str) -> int:
+    """What a command does once Ctrl-C has stopped it: its one line on stderr, and exit status 130."""
+    print(line, file=sys.stderr)
+    return exit_code()
+
+
 def requested() -> bool:
     """Whether Ctrl-C was pressed during this run."""
     return _requested.is_set()
@@ -84,24 +92,24 @@ def requested() -> bool:
 def raise_if_requested() -> None:
     """After a call into code that may have dropped the interrupt (a Prefect flow run)."""
     if _requested.is_set():
-        _Owed.owed = False  # paid here: a SIGINT this module still has on its way is not raised again
+        _State.owed = False  # paid here: a SIGINT this module still has on its way is not raised again
         raise KeyboardInterrupt
 
 
 def _on_sigint(signum, frame) -> None:
     if not _requested.is_set():
         _requested.set()
-        threading.Thread(target=_exit_if_still_running, args=(_Owed.exit_within_s,), name="exit-after-interrupt",
+        threading.Thread(target=_exit_if_still_running, args=(_State.exit_within_s,), name="exit-after-interrupt",
                          daemon=True).start()
-    if _Owed.resent:  # ours: raised only if still owed (raise_if_requested may have raised it meanwhile;
-        _Owed.resent = False  # a second KeyboardInterrupt would land in the first one's cleanup)
-        if not _Owed.owed:
+    if _State.resent:  # ours: raised only if still owed (raise_if_requested may have raised it meanwhile;
+        _State.resent = False  # a second KeyboardInterrupt would land in the first one's cleanup)
+        if not _State.owed:
             return
     if _in_lock_window(frame):
-        _Owed.owed = True
+        _State.owed = True
         _resend_later()
         return
-    _Owed.owed = False
+    _State.owed = False
     raise KeyboardInterrupt
 
 
@@ -144,7 +152,7 @@ def _raise_lost_interrupts() -> None:
     def hook(unraisable) -> None:
         if unraisable.exc_type is KeyboardInterrupt and threading.current_thread() is threading.main_thread() \
                 and not getattr(threading, "_SHUTTING_DOWN", False):  # at exit: reported, as Python does
-            _Owed.owed = True
+            _State.owed = True
             _resend_later()
             return
         previous(unraisable)
@@ -158,9 +166,9 @@ def _resend_later() -> None:
         time.sleep(_RESEND_AFTER_S)
         # SIGINT again, to the main thread: a real signal, so that a main thread blocked in a wait
         # (Prefect's as_completed, a join) wakes to run the handler now, not when the wait ends
-        if _Owed.owed and callable(signal.getsignal(signal.SIGINT)) \
+        if _State.owed and callable(signal.getsignal(signal.SIGINT)) \
                 and not getattr(threading, "_SHUTTING_DOWN", False):  # not at exit, nor where SIGINT is ignored
-            _Owed.resent = True
+            _State.resent = True
             signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
     threading.Thread(target=resend, name="resend-interrupt", daemon=True).start()
