@@ -78,7 +78,9 @@ def evaluate_checkpoints(params: PipelineParams = DEFAULT_PARAMS, params_file: s
 def main(argv: list[str]) -> int:
     try:
         command_line.prepare()
-        print(evaluate_checkpoints(params_file=argv[0] if argv else "params.yaml"))
+        result = evaluate_checkpoints(params_file=argv[0] if argv else "params.yaml")
+        interrupts.raise_if_requested()  # a Ctrl-C as the flow run ended, which Prefect drops: exit 130, not 0
+        print(result)
     except Exception as e:  # noqa: BLE001
         if interrupts.requested():  # a Ctrl-C that an import turned into an error
             return _interrupted()

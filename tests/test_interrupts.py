@@ -276,3 +276,26 @@ def test_a_command_stopped_by_ctrl_c_exits_130(tmp_path, ends_with, status):
     out = subprocess.run([sys.executable, "-m", "a_command"], cwd=tmp_path, capture_output=True, text=True,
                          timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert out.returncode == status, out
+
+
+def test_ctrl_c_as_the_scheduled_evaluation_ends_exits_130(server, tmp_path):
+    """python -m flows.eval_schedule: a Ctrl-C that Prefect drops as the flow run ends still ends the
+    command with its interrupt line and 130 (it used to print the result and exit 0)."""
+    import yaml
+    from tests.conftest import BENCHMARKS
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["paths"].update(data_dir=str(tmp_path / "data"), benchmarks_dir=str(BENCHMARKS))
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    program = """
+        import signal, sys
+        from flows import eval_schedule
+
+        def ctrl_c(flow, flow_run, state):
+            signal.raise_signal(signal.SIGINT)
+
+        eval_schedule.evaluate_checkpoints = eval_schedule.evaluate_checkpoints.with_options(on_completion=[ctrl_c])
+        sys.exit(eval_schedule.main(sys.argv[1:]))
+    """
+    out = python(program, str(tmp_path / "params.yaml"), env=server)
+    assert out.returncode == 130 and "interrupted: evaluation stopped" in out.stderr + out.stdout, out
+    assert "'new': []" not in out.stdout, out  # the result is not printed as if the run had finished
