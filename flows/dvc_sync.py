@@ -8,6 +8,7 @@ with other parameters from the UI is an experiment, and recording it would make 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,21 +20,41 @@ def dvc_repo_root(start: Path = Path(".")) -> Path | None:
     return start.resolve() if (start / ".dvc").is_dir() and (start / "dvc.yaml").is_file() else None
 
 
+def without_scm(root: Path) -> bool:
+    """DVC needs the project in a git work tree unless it was set up with `dvc init --no-scm`; a
+    project unpacked from an archive has neither (the run is fine; only DVC's record is not)."""
+    if any((d / ".git").exists() for d in (root, *root.parents)) or os.environ.get("GIT_DIR"):
+        return False
+    config = "\n".join(f.read_text(encoding="utf-8", errors="replace") for f in
+                       (root / ".dvc" / "config", root / ".dvc" / "config.local") if f.is_file())
+    return re.search(r"(?mi)^\s*no_scm\s*=\s*true\s*$", config) is None
+
+
+def dvc_error(output: str) -> str:
+    """DVC's own cause: its last `ERROR:` line (`--quiet` would have left none), else its last line."""
+    lines = [x.strip() for x in output.splitlines() if x.strip()]
+    errors = [x.removeprefix("ERROR:").strip() for x in lines if x.startswith("ERROR:")]
+    return (errors or lines or ["no output"])[-1]
+
+
 def record_in_dvc(stages: list[str], p: PipelineParams) -> str:
     """`dvc commit` the stages when `p` is exactly what dvc.yaml's stages read: the repo's params.yaml
     (not the file the run was given, which may be another: an experiment)."""
     root = dvc_repo_root()
     if root is None:
         return "not a DVC repo here: nothing recorded"
+    if without_scm(root):
+        return (f"not recorded in dvc.lock: {root} is not in a git repository (DVC needs one: "
+                "`git init`, or `dvc init --no-scm`)")
     try:
         if load_params(root / "params.yaml") != p:
             return "parameters differ from params.yaml: run not recorded in dvc.lock"
     except ConfigError as e:
         return f"params.yaml unreadable ({e}): run not recorded"
     dvc = Path(sys.executable).with_name("dvc")
-    cmd = [str(dvc) if dvc.exists() else "dvc", "commit", "--force", "--quiet", *stages]
+    cmd = [str(dvc) if dvc.exists() else "dvc", "commit", "--force", *stages]
     env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
     out = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
     if out.returncode != 0:
-        raise RuntimeError(f"dvc commit failed: {out.stderr.strip() or out.stdout.strip()}")
+        raise RuntimeError(f"dvc commit failed: {dvc_error(out.stderr + out.stdout)}")
     return f"recorded in dvc.lock: {', '.join(stages)}"

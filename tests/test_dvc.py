@@ -8,9 +8,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
-from tests.conftest import BIN
+from tests.conftest import BIN, REPO
 from tests.project_copy import copy_project
 
 ENV = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}
@@ -64,3 +65,39 @@ def test_repro_then_noop_then_only_changed_stages(tmp_path):
     for stage in ("download", "dedup", "evaluate"):
         assert (repo / f"data/docs/{stage}/index.html").is_file() and (repo / f"data/docs/{stage}/summary.json").is_file()
 
+
+
+def small_dvc_project(root: Path, git: bool) -> Path:
+    """The repo's params.yaml and a one-stage dvc.yaml whose output was never written."""
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO / "params.yaml", root / "params.yaml")
+    (root / "dvc.yaml").write_text("stages:\n  sample:\n    cmd: python -m tasks sample\n    outs:\n      - data/sample/corpus\n")
+    if git:
+        subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+        subprocess.run([str(BIN / "dvc"), "init", "-q"], cwd=root, env=ENV, check=True)
+    else:  # as unpacked from an archive of the project: .dvc/ without .git/
+        (root / ".dvc").mkdir()
+        (root / ".dvc" / "config").write_text("[core]\n    analytics = false\n")
+    return root
+
+
+def test_a_run_outside_git_is_not_recorded_and_says_why(tmp_path, monkeypatch):
+    # `dvc commit` needs a git work tree: the run used to end in exit 1 with "dvc commit failed:" and
+    # no cause (--quiet hid DVC's message), after every stage had finished
+    from flows.dvc_sync import record_in_dvc
+    from tasks.core.config import load_params
+    monkeypatch.chdir(small_dvc_project(tmp_path / "unpacked", git=False))
+    said = record_in_dvc(["sample"], load_params("params.yaml"))
+    assert said.startswith("not recorded in dvc.lock: ") and "is not in a git repository" in said, said
+    (tmp_path / "unpacked" / ".dvc" / "config").write_text("[core]\n    no_scm = True\n")  # dvc init --no-scm
+    with pytest.raises(RuntimeError, match="output 'data/sample/corpus' does not exist"):  # DVC was asked
+        record_in_dvc(["sample"], load_params("params.yaml"))
+
+
+def test_a_failed_dvc_commit_names_dvcs_cause(tmp_path, monkeypatch):
+    from flows.dvc_sync import record_in_dvc
+    from tasks.core.config import load_params
+    monkeypatch.chdir(small_dvc_project(tmp_path / "repo", git=True))
+    with pytest.raises(RuntimeError) as e:
+        record_in_dvc(["sample"], load_params("params.yaml"))
+    assert str(e.value) == "dvc commit failed: failed to commit sample - output 'data/sample/corpus' does not exist"
