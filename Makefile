@@ -66,7 +66,7 @@ worker: install
 ## Every benchmark's last line (README "Benchmarks"), after installing the references they compare with
 ## (lm-evaluation-harness, datatrove; Django and Sphinx for their translations). Without a GPU the kernel
 ## benchmark checks compilation only.
-BENCHES := extract langid decontam filter filter_agreement dedup blend train resume eval kernels
+BENCHES := extract langid decontam filter filter_agreement dedup blend train resume eval kernels determinism
 bench: install
 	$(PY) -m pip install -q -e '.[bench]'
 	set -e; for b in $(BENCHES); do echo "== benchmarks.$$b"; \
