@@ -28,7 +28,7 @@ install: $(STAMP)
 
 ## Run the whole pipeline DAG on the built-in sample through Prefect (temporary local server).
 run: install
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m flows.pipeline params.yaml
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m flows.pipeline params.yaml
 
 ## The test suite (CI calls this through .ci/run), in TEST_WORKERS processes: most tests spend their time
 ## starting interpreters, ranks and servers, so two workers on two cores take about half the time of one.
@@ -36,11 +36,11 @@ run: install
 ## TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= 2
 test: install
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadfile tests
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadfile tests
 
 ## Reproduce the pipeline with DVC instead (same stage entry points).
 repro: install
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/dvc repro
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dvc repro
 
 ## Prefect UI on http://127.0.0.1:$(PORT), and Data Docs beside it at params.yaml's paths.docs_url
 ui: install
@@ -56,11 +56,11 @@ docs: install
 ## Register the deployments of prefect.yaml with the server started by `make ui`.
 deploy: install
 	PREFECT_API_URL=http://127.0.0.1:$(PORT)/api $(VENV)/bin/prefect work-pool create local-process --type process --overwrite
-	PWD=$(CURDIR) PREFECT_API_URL=http://127.0.0.1:$(PORT)/api $(VENV)/bin/prefect --no-prompt deploy --all
+	PWD="$(CURDIR)" PREFECT_API_URL=http://127.0.0.1:$(PORT)/api $(VENV)/bin/prefect --no-prompt deploy --all
 
 ## A worker that executes runs triggered from the UI.
 worker: install
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH PREFECT_API_URL=http://127.0.0.1:$(PORT)/api PREFECT_UI_URL=http://127.0.0.1:$(PORT) \
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" PREFECT_API_URL=http://127.0.0.1:$(PORT)/api PREFECT_UI_URL=http://127.0.0.1:$(PORT) \
 	$(VENV)/bin/prefect worker start --pool local-process
 
 ## Every benchmark's last line (README "Benchmarks"), after installing the references they compare with
@@ -70,7 +70,7 @@ BENCHES := extract langid decontam filter filter_agreement dedup blend train res
 bench: install
 	$(PY) -m pip install -q -e '.[bench]'
 	set -e; for b in $(BENCHES); do echo "== benchmarks.$$b"; \
-	  PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m benchmarks.$$b; done
+	  PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m benchmarks.$$b; done
 
 clean:
 	find data -mindepth 1 -maxdepth 1 ! -name .gitkeep -exec rm -rf {} +

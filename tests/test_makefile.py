@@ -1,0 +1,39 @@
+"""The Makefile's commands work from a checkout whose path has spaces (e.g. ~/My Projects/mtnlg): an
+unquoted PATH=$(CURDIR)/... split there, and the shell ran the rest of the path as a command."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from tests.conftest import REPO
+
+FAKE = """#!/bin/sh
+echo "first PATH entry: ${PATH%%:*}"
+echo "ran: $(basename "$0") $*"
+"""
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+@pytest.mark.parametrize("target, ran", [("run", "python -m flows.pipeline params.yaml"), ("repro", "dvc repro"),
+                                         ("test", "python -m pytest")])
+def test_make_targets_run_from_a_path_with_spaces(tmp_path, target, ran):
+    root = tmp_path / "My Projects" / "mt nlg"
+    (root / ".venv" / "bin").mkdir(parents=True)
+    shutil.copy(REPO / "Makefile", root / "Makefile")
+    shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")
+    for name in ("python", "dvc"):  # stand-ins that say how they were started
+        (root / ".venv" / "bin" / name).write_text(FAKE)
+        (root / ".venv" / "bin" / name).chmod(0o755)
+    stamp = root / ".venv" / ".installed-stamp"
+    stamp.touch()
+    later = time.time() + 60
+    os.utime(stamp, (later, later))  # installed after pyproject.toml changed: make installs nothing
+    out = subprocess.run(["make", "-s", target], cwd=root, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "MAKEFLAGS": ""})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"first PATH entry: {root}/.venv/bin" in out.stdout, out.stdout
+    assert f"ran: {ran}" in out.stdout, out.stdout
