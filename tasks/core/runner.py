@@ -19,6 +19,7 @@ from tasks.core.config import PipelineParams
 from tasks.core.errors import PipelineError, StageBusy, StageFailed, UnfinishedInput
 from tasks.core.passes import (PassLayout, Shard, atomic_write_text, digest, input_stat, merge_stats, prune,
                                remove_leftovers, run_global, run_shard, shards_digest)
+from tasks.core.source import code_digest
 from tasks.core.stage import (Context, GlobalPass, ShardedPass, Stage, changed_input, check_input_passes,
                               check_input_shards, input_shard_files)
 
@@ -151,7 +152,7 @@ def run_stage(name: str, p: PipelineParams, map_shards: MapShards = map_sequenti
     start = time.perf_counter()
     passes, reports, docs = [], {}, None
     with st.environment(p) as env:
-        ctx = Context(name, str(p.paths.data_dir), input_stage, env=env)
+        ctx = Context(name, str(p.paths.data_dir), input_stage, env=env, code=code_digest(st.code))
         for ps in st.passes:
             t0 = time.perf_counter()
             if isinstance(ps, ShardedPass):

@@ -32,6 +32,7 @@ class Context:
     input_stage: str | None = None
     env: Mapping = field(default_factory=dict)
     digests: Mapping[str, str] = field(default_factory=dict)
+    code: str = ""  # the digest of the stage's source folders (tasks.core.source)
 
     @property
     def root(self) -> Path:
@@ -50,8 +51,10 @@ class Context:
         return self.root / name
 
     def upstream(self) -> str:
-        """One digest of every pass finished before the current one (part of its fingerprint)."""
-        return ",".join(f"{k}={v}" for k, v in self.digests.items())
+        """What the current pass depends on besides its params and inputs (part of its fingerprint): the
+        stage's code, and the digest of every pass finished before it."""
+        code = [f"code={self.code}"] if self.code else []
+        return ",".join(code + [f"{k}={v}" for k, v in self.digests.items()])
 
 
 def shard_per_file(files, suffix: str | None = None) -> list[Shard]:
@@ -202,6 +205,8 @@ class Stage:
     doc: str  # one line: what the stage does (the flow's description)
     input: Callable[[PipelineParams], str | None]  # the stage whose shards it reads
     passes: tuple[Pass, ...]
+    # its source folders (dvc.yaml's code deps of the stage): a change to them redoes the stage
+    code: tuple[str, ...] = ()
     suite: str | None = None  # module of its expectation suite (tasks.validation.<stage>)
     environment: Callable[[PipelineParams], ContextManager[dict]] = no_environment
     report: Callable[[dict], dict] | None = None  # stats.json additions from the merged totals
@@ -227,6 +232,8 @@ class Stage:
         names = [p.name for p in self.passes]
         if not names or len(set(names)) != len(names) or {"shards", "completions"} & set(names):
             raise ValueError(f"stage {self.name}: passes need unique names other than shards/completions")
+        if not self.code:
+            raise ValueError(f"stage {self.name}: declare its source folders (code=...)")
 
     def pass_named(self, name: str) -> Pass:
         return next(p for p in self.passes if p.name == name)

@@ -40,6 +40,7 @@ def stage_params(p: PipelineParams) -> dict:
 
 
 STAGE = Stage(
+    code=("tasks/decontaminate", "tasks/evalsets"),  # dvc.yaml deps
     name=NAME, section="decontaminate", input=lambda p: p.decontaminate.input_stage,
     doc="Remove evaluation-task 13-gram overlaps (GPT-3 App. C): index, count, frequent, remove.",
     passes=(

@@ -48,6 +48,7 @@ def warnings(stats: dict, p: PipelineParams) -> list[str]:
 
 
 STAGE = Stage(
+    code=("tasks/dedup",),  # dvc.yaml deps
     name=NAME, section="dedup", input=lambda p: p.dedup.input_stage,
     doc="Exact then fuzzy (MinHash LSH, connected components) dedup across datasets, keeping the highest-priority copy.",
     passes=(

@@ -109,6 +109,7 @@ def warnings(stats: dict, p: PipelineParams) -> list[str]:
 
 
 STAGE = Stage(
+    code=("tasks/download",),  # dvc.yaml deps
     name="download", section="download",
     input=lambda p: SAMPLE.name if p.download.source == "sample" else None,
     doc="Download WARC files (Common Crawl or the served sample) and ingest curated datasets.",

@@ -55,6 +55,7 @@ def check_tasks(p: PipelineParams, ctx: Context) -> None:
 
 
 STAGE = Stage(
+    code=("tasks/evaluate", "tasks/evalsets"),  # dvc.yaml deps
     name=NAME, section="evaluate", input=lambda p: p.evaluate.input_stage,
     doc="Zero/one/few-shot accuracy of the trained model on the nine MT-NLG tasks (lm-eval prompts), with samples.",
     passes=(GlobalPass("results", build=build_results, params=lambda p: p.evaluate.model_dump(mode="json"),

@@ -190,6 +190,7 @@ def process(shard: Shard, tmp: Path, p: PipelineParams, ctx: Context) -> ShardSt
 
 
 STAGE = Stage(
+    code=("tasks/extract",),  # dvc.yaml deps
     name="extract", section="extract", input=fixed("download"),
     doc="WARC -> main text + language ID -> Parquet document shards.",
     passes=(ShardedPass("extract", plan=plan, process=process, params=stage_params),),

@@ -66,6 +66,7 @@ def warnings(stats: dict, p: PipelineParams) -> list[str]:
 
 
 STAGE = Stage(
+    code=("tasks/filter",),  # dvc.yaml deps
     name=NAME, section="filter", input=lambda p: p.filter.input_stage,
     doc="Heuristic rules (language, Gopher quality and repetition, C4 lines), then GPT-3's quality classifier.",
     passes=(

@@ -18,6 +18,7 @@ def _build(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
 
 
 STAGE = Stage(
+    code=("tasks/sample", "tasks/evalsets"),  # dvc.yaml deps
     name="sample", section="sample", input=fixed(None),
     doc="Generate the built-in mini-crawl (Common Crawl layout) and its ground truth.",
     passes=(GlobalPass("corpus", build=_build, params=_params,

@@ -73,6 +73,7 @@ def _blend_params(p: PipelineParams) -> dict:
 
 
 STAGE = Stage(
+    code=("tasks/tokenize",),  # dvc.yaml deps
     name=NAME, section="tokenize", input=lambda p: p.tokenize.input_stage,
     doc="Byte-level BPE, Megatron .bin/.idx datasets and MT-NLG's weighted blend.",
     passes=(

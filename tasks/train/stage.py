@@ -189,6 +189,7 @@ def warnings(stats: dict, p: PipelineParams) -> list[str]:
 
 
 STAGE = Stage(
+    code=("tasks/train", "trainer"),  # dvc.yaml deps
     name=NAME, section="train", input=lambda p: p.train.input_stage,
     doc="A GPT trained with tensor, pipeline and data parallelism on the blend; checkpoint + HF export.",
     passes=(GlobalPass("model", build=build_model, params=lambda p: p.train.model_dump(exclude={"launch"}), inputs=_inputs),),

@@ -1,0 +1,55 @@
+"""The digest of a stage's source code: part of every pass's fingerprint, so a changed stage is redone
+by every runner, as `dvc repro` redoes it (dvc.yaml lists the same folders as the stage's deps).
+
+Without it a pipeline run after a code change kept the old outputs (their markers matched the params
+and inputs) and then recorded them in dvc.lock against the new code, so DVC took them as up to date too.
+
+Python files count by their syntax tree without docstrings: editing a comment, a docstring or the
+layout of a line redoes nothing; any other change does. Other files (CUDA sources, data) count by bytes.
+__pycache__ is left out, as .dvcignore leaves it out of DVC's hash.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+from pathlib import Path
+
+# the folder holding tasks/, trainer/, kernels/: a stage names its folders relative to it
+SOURCE_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _without_docstrings(tree: ast.AST) -> ast.AST:
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                node.body = body[1:] or [ast.Pass()]
+    return tree
+
+
+def file_digest(path: Path) -> bytes:
+    data = path.read_bytes()
+    if path.suffix == ".py":
+        try:
+            return ast.dump(_without_docstrings(ast.parse(data, filename=str(path)))).encode()
+        except SyntaxError:  # not Python after all: its bytes
+            pass
+    return data
+
+
+def code_digest(folders: tuple[str, ...], root: Path | None = None) -> str:
+    """One digest of every file under `folders` (relative to `root`, by default SOURCE_ROOT), by relative
+    path and content."""
+    root = SOURCE_ROOT if root is None else root
+    h = hashlib.sha256()
+    for folder in folders:
+        base = root / folder
+        if not base.is_dir():
+            raise ValueError(f"a stage's source folder {base} does not exist")
+        files = sorted(f for f in base.rglob("*") if f.is_file() and "__pycache__" not in f.parts
+                       and f.suffix != ".pyc")
+        for f in files:
+            h.update(str(f.relative_to(root)).encode() + b"\0")
+            h.update(hashlib.sha256(file_digest(f)).digest())
+    return h.hexdigest()[:16]

@@ -1,0 +1,71 @@
+"""A change to a stage's code redoes the stage in every runner, as `dvc repro` does (tasks.core.source);
+a comment, a docstring or a line's layout does not. Before, a pipeline run after a code change kept the
+old outputs and recorded them in dvc.lock against the new code."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tasks.core import source
+from tasks.core.config import parse_params
+from tasks.core.runner import run_stage
+from tests.conftest import REPO, small_raw
+
+MODULE = '''"""What it does."""
+import os
+
+
+def f(x):
+    """Twice x."""
+    return 2 * x  # doubled
+'''
+
+
+def digest_after(tmp_path: Path, text: str, name: str = "m.py") -> str:
+    (tmp_path / "pkg").mkdir(exist_ok=True)
+    (tmp_path / "pkg" / name).write_text(text)
+    return source.code_digest(("pkg",), tmp_path)
+
+
+def test_comments_docstrings_and_layout_do_not_count_statements_do(tmp_path):
+    first = digest_after(tmp_path, MODULE)
+    same = MODULE.replace("What it does.", "What it does, said again.").replace("Twice x.", "Doubles.") \
+        .replace("# doubled", "# times two").replace("return 2 * x", "return (2 *\n            x)")
+    assert digest_after(tmp_path, same) == first
+    (tmp_path / "pkg" / "__pycache__").mkdir()
+    (tmp_path / "pkg" / "__pycache__" / "m.cpython-311.pyc").write_bytes(b"compiled")
+    assert source.code_digest(("pkg",), tmp_path) == first  # as .dvcignore leaves it out
+    assert digest_after(tmp_path, MODULE.replace("2 * x", "3 * x")) != first
+    assert digest_after(tmp_path, MODULE) == first
+    assert digest_after(tmp_path, "__global__ void k() {}\n", "k.cu") != first  # other files by bytes
+    with pytest.raises(ValueError, match="source folder .*missing-pkg does not exist"):
+        source.code_digest(("missing-pkg",), tmp_path)
+
+
+def test_a_stage_is_redone_after_a_change_to_its_code_only(tmp_path, monkeypatch):
+    src = tmp_path / "src"  # a copy of the sources, digested in place of the repo's (which stay as they are)
+    shutil.copytree(REPO / "tasks", src / "tasks", ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(source, "SOURCE_ROOT", src)
+    p = parse_params(small_raw(tmp_path / "data"))
+    run_stage("sample", p)
+    shards = run_stage("download", p)["shards"]
+    out = tmp_path / "data" / "download" / "shards"
+    before = {f.name: f.read_bytes() for f in out.iterdir()}
+
+    def resumed() -> int:
+        return run_stage("download", p)["resumed_shards"]
+
+    assert resumed() == shards  # nothing changed: nothing redone
+    stage_py = src / "tasks" / "download" / "stage.py"
+    text = stage_py.read_text()
+    stage_py.write_text(text.replace('"""', '"""An edited docstring. ', 1) + "\n# a comment\n")
+    assert resumed() == shards
+    (src / "tasks" / "extract" / "stage.py").write_text((src / "tasks" / "extract" / "stage.py").read_text()
+                                                        + "\nANOTHER_STAGE = 1\n")
+    assert resumed() == shards  # another stage's code
+    stage_py.write_text(text + "\nCHANGED = 1\n")
+    assert resumed() == 0  # its own code: every shard redone
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == before  # (this change alters no output)
+    assert resumed() == shards
