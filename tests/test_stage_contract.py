@@ -100,6 +100,27 @@ def test_deterministic_and_param_changes_invalidate_markers(tmp_path):
     assert st["resumed_shards"] == 0 and st["dropped"].get("empty_text", 0) > 0
 
 
+def redone_passes(st: dict) -> list[str]:
+    return [x["name"] for x in st["passes"] if x["resumed"] < (x["shards"] if x["kind"] == "sharded" else 1)]
+
+
+def test_inputs_count_by_the_content_their_pass_recorded_not_by_their_time(tmp_path):
+    """A `dvc checkout`, `dvc pull` or copy gives every file a new mtime: with inputs identified by size
+    and mtime, every pass after the first redid everything (and rewrote its outputs, so the next did too)."""
+    p = parse_params(small_raw(tmp_path / "data"))
+    for s in ("sample", "download", "extract", "filter", "dedup"):
+        run_stage(s, p)
+    later = time.time() + 100
+    for f in (tmp_path / "data").rglob("*"):
+        os.utime(f, (later, later))
+    for s in ("download", "extract", "filter", "dedup"):
+        assert redone_passes(run_stage(s, p)) == [], s
+
+    # an input its stage wrote again with other bytes is another input: the passes reading it are redone
+    run_stage("extract", parse_params(small_raw(tmp_path / "data", extract={"min_text_chars": 400})))
+    assert redone_passes(run_stage("filter", p))[:1] == ["rules"]
+
+
 def test_stale_outputs_are_removed_when_the_plan_shrinks(tmp_path):
     p = parse_params(small_raw(tmp_path / "d"))
     for s in ("sample", "download"):

@@ -13,7 +13,8 @@ A **global** pass writes one output folder from everything before it::
 Outputs are written to a hidden temp path beside the final one and renamed into place; only then
 is the marker written (also atomically). A `kill -9` at any moment leaves either no output, an
 output without a marker (redone), or output + marker (skipped when valid). "Valid" means the
-fingerprint (parameters, inputs, the digests of the passes before) is unchanged and the bytes on
+fingerprint (parameters, inputs by content where a pass wrote them, the digests of the passes before,
+the stage's code) is unchanged and the bytes on
 disk still hash to what the marker recorded; an output whose bytes changed is redone and counted
 as `redone_corrupt`.
 """
@@ -195,18 +196,63 @@ def digest(obj) -> str:
 
 
 def input_stat(paths) -> list:
-    """Each local input's size and modification time (remote inputs count by name only)."""
+    """What identifies each input: the sha256 the pipeline recorded when a pass wrote it (recorded_sha256),
+    else its size and modification time; remote inputs count by name only. By content where it can: a
+    `dvc checkout`, a copy or a redone pass that wrote the same bytes gives files new mtimes, and the
+    times alone made every pass after them redo everything."""
     seen = []
     for i in paths:
         p = Path(i)
         st = p.stat() if "://" not in i and p.exists() else None
-        seen.append([st.st_size, st.st_mtime_ns] if st else None)
+        sha = recorded_sha256(p, st.st_size) if st else None
+        seen.append(["sha256", sha] if sha else [st.st_size, st.st_mtime_ns] if st else None)
     return seen
 
 
+# marker file or completions folder -> (its mtime_ns, what it says): read once per change, not once per shard
+_MARKERS: dict[str, tuple[int, dict]] = {}
+
+
+def forget_recorded() -> None:
+    """Drop what recorded_sha256 read (the runner calls it as a stage starts: a stage run just before, in
+    the same process, may have rewritten markers within one tick of the file system's clock)."""
+    _MARKERS.clear()
+
+
+def _cached(path: Path, read: Callable[[Path], dict]) -> dict:
+    try:
+        stamp = path.stat().st_mtime_ns
+    except OSError:
+        return {}
+    hit = _MARKERS.get(str(path))
+    if hit is None or hit[0] != stamp:
+        hit = _MARKERS[str(path)] = (stamp, read(path))
+    return hit[1]
+
+
+def recorded_sha256(path: Path, size: int) -> str | None:
+    """The sha256 a pass recorded for the file it wrote at `path`: a sharded pass's output by its completion
+    marker (only while the file has the recorded size), a file of a global pass's folder by the folder's
+    .done.json (whose every file the next stage hashes before it starts: check_input_passes). None for a
+    file no pass wrote (a user's file, a task file)."""
+    if path.parent.name == "shards":
+        records = _cached(path.parent.parent / "completions",
+                          lambda d: {r["output"]: r for r in written_records(PassLayout(d.parent)).values()})
+        r = records.get(path.name)
+        if r is not None:
+            return r["sha256"] if r.get("bytes") == size else None
+    for folder in (f for f in path.parents if f.name):  # not "/" or ".": no name, no pass
+        done = folder.with_name(folder.name + ".done.json")
+        if done.is_file():
+            files = _cached(done, lambda f: (_read_marker(f) or {}).get("files", {}))
+            return files.get(str(path.relative_to(folder)))
+    return None
+
+
 def fingerprint(pass_params: dict, shard: Shard, upstream: str = "") -> str:
-    """What a shard's output depends on: the pass parameters, each input's size and mtime (a
-    rewritten input redoes the shard), and the digest of the passes before it in the stage."""
+    """What a shard's output depends on: the pass parameters, each input (input_stat: by the content a
+    pass recorded, else size and mtime, so a rewritten input redoes the shard), and what `upstream` holds:
+    the stage's code and the digest of the passes before it in the stage."""
     return digest([pass_params, shard.inputs, input_stat(shard.inputs), shard.output, shard.tag, upstream])
 
 

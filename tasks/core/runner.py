@@ -17,8 +17,8 @@ from typing import Callable, Iterator
 from tasks.core import registry
 from tasks.core.config import PipelineParams
 from tasks.core.errors import PipelineError, StageBusy, StageFailed, UnfinishedInput
-from tasks.core.passes import (PassLayout, Shard, atomic_write_text, digest, input_stat, merge_stats, prune,
-                               remove_leftovers, run_global, run_shard, shards_digest)
+from tasks.core.passes import (PassLayout, Shard, atomic_write_text, digest, forget_recorded, input_stat,
+                               merge_stats, prune, remove_leftovers, run_global, run_shard, shards_digest)
 from tasks.core.source import code_digest
 from tasks.core.stage import (Context, GlobalPass, ShardedPass, Stage, changed_input, check_input_passes,
                               check_input_shards, input_shard_files)
@@ -148,6 +148,7 @@ def run_stage(name: str, p: PipelineParams, map_shards: MapShards = map_sequenti
     root = Path(p.paths.data_dir) / name
     root.mkdir(parents=True, exist_ok=True)
     stats_path(p, name).unlink(missing_ok=True)  # not complete until this run writes it again
+    forget_recorded()
     remove_leftovers(root)
     start = time.perf_counter()
     passes, reports, docs = [], {}, None
