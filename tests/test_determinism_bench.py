@@ -11,7 +11,6 @@ def write_run(root: Path, shard: bytes, seconds: float, losses: list[str], rows:
     files = {
         "extract/shards/a.parquet": shard,
         "extract/stats.json": json.dumps({"seconds": seconds}).encode(),
-        "extract/completions/a.json": json.dumps({"fingerprint": str(seconds)}).encode(),
         "train/model/metrics.csv": ("step,loss,tokens_per_s\n" + "".join(
             f"{i},{loss},{seconds}\n" for i, loss in enumerate(losses))).encode(),
         "evaluate/results/results.json": json.dumps({"rows": rows, "generations": [], "seconds": seconds}).encode(),
@@ -25,9 +24,13 @@ def write_run(root: Path, shard: bytes, seconds: float, losses: list[str], rows:
 def test_only_run_records_may_differ(tmp_path):
     a = write_run(tmp_path / "a", b"PAR1", 1.0, ["7.7", "7.5"], [{"task": "boolq", "value": 0.5}])
     b = write_run(tmp_path / "b", b"PAR1", 2.0, ["7.7", "7.5"], [{"task": "boolq", "value": 0.5}])
+    for run in (a, b):  # a shard's marker: data (its fingerprint counts inputs by content)
+        (run / "extract/completions").mkdir()
+        (run / "extract/completions/a.json").write_text('{"sha256": "e3b0"}')
     same, differ, records = compare(a, b)
-    assert same == ["extract/shards/a.parquet"] and differ == []
-    assert sum(len(r) for r in records.values()) == 4
+    assert same == ["extract/completions/a.json", "extract/shards/a.parquet"] and differ == []
+    assert sorted(r for why, rels in records.items() if not why.startswith("(") for r in rels) == [
+        "evaluate/results/results.json", "extract/stats.json", "train/model/metrics.csv"]
 
 
 def test_a_changed_shard_a_loss_a_score_or_a_missing_file_is_reported(tmp_path):
