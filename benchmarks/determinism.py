@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     for rel in differ:
         print(f"  DIFFERS: {rel}")
     print("run records (may differ; their deterministic parts compared above):")
-    for why, rels in records.items():
+    for why, rels in sorted(records.items(), key=lambda kv: kv[0].startswith("(")):  # "(of which ...)" last
         print(f"  {len(rels):4d}  {why}")
     n_records = sum(len(r) for why, r in records.items() if not why.startswith("("))
     print(f"determinism_identical_data_files={len(same)}/{len(same) + len(differ)} "
