@@ -3,6 +3,7 @@ a comment, a docstring or a line's layout does not. Before, a pipeline run after
 old outputs and recorded them in dvc.lock against the new code."""
 from __future__ import annotations
 
+import ast
 import shutil
 from pathlib import Path
 
@@ -38,6 +39,8 @@ def test_comments_docstrings_and_layout_do_not_count_statements_do(tmp_path):
     (tmp_path / "pkg" / "__pycache__" / "m.cpython-311.pyc").write_bytes(b"compiled")
     assert source.code_digest(("pkg",), tmp_path) == first  # as .dvcignore leaves it out
     assert digest_after(tmp_path, MODULE.replace("2 * x", "3 * x")) != first
+    assert digest_after(tmp_path, MODULE.replace("return 2 * x", "return None")) != \
+        digest_after(tmp_path, MODULE.replace("return 2 * x", "return"))
     assert digest_after(tmp_path, MODULE) == first
     assert digest_after(tmp_path, "__global__ void k() {}\n", "k.cu") != first  # other files by bytes
     with pytest.raises(ValueError, match="source folder .*missing-pkg does not exist"):
@@ -69,3 +72,14 @@ def test_a_stage_is_redone_after_a_change_to_its_code_only(tmp_path, monkeypatch
     assert resumed() == 0  # its own code: every shard redone
     assert {f.name: f.read_bytes() for f in out.iterdir()} == before  # (this change alters no output)
     assert resumed() == shards
+
+
+def test_the_digest_leaves_out_what_python_versions_add_empty():
+    # Python 3.12's syntax tree gives every function and class an empty type_params field
+    tree = ast.parse(MODULE)
+    plain = source._canonical(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            node.type_params = []
+            node._fields = (*node._fields, "type_params")
+    assert source._canonical(tree) == plain

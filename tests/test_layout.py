@@ -2,6 +2,7 @@
 and `tasks/` shows one package per stage."""
 from __future__ import annotations
 
+import ast
 import importlib
 
 import yaml
@@ -47,3 +48,36 @@ def test_every_stage_is_declared_and_has_a_dvc_stage_a_flow_and_a_suite():
     for name, input_of in inputs.items():  # every input stage comes earlier in the DAG
         src = input_of(p)
         assert src is None or order.index(src) < order.index(name)
+
+
+def imported_source_files(files: list[Path]) -> set[str]:
+    """Every file of this project that `files` import, directly or not (tasks/core and tasks/validation
+    aside: the shared contract is not part of a stage's code, by design)."""
+    seen, todo, found = set(files), list(files), set()
+    while todo:
+        for node in ast.walk(ast.parse(todo.pop().read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module, *(f"{node.module}.{a.name}" for a in node.names)] \
+                if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else []
+            for name in names:
+                if name.split(".")[0] not in ("tasks", "trainer", "kernels", "flows"):
+                    continue
+                base = REPO.joinpath(*name.split("."))
+                f = base / "__init__.py" if (base / "__init__.py").is_file() else base.with_suffix(".py")
+                rel = str(f.relative_to(REPO))
+                if f.is_file() and f not in seen and not rel.startswith(("tasks/core/", "tasks/validation/")):
+                    seen.add(f)
+                    todo.append(f)
+                    found.add(rel)
+    return found
+
+
+def test_a_stages_code_holds_everything_it_imports():
+    # else a change to code a stage runs (the GPT that evaluate scores with, the hashing dedup shares with
+    # decontaminate) would not redo it, and DVC would not see it either
+    for st in STAGES:
+        own = [f for c in st.code for f in ([REPO / c] if (REPO / c).is_file() else (REPO / c).rglob("*.py"))
+               if "__pycache__" not in f.parts]
+        covered = {str(f.relative_to(REPO)) for f in own}
+        missing = sorted(imported_source_files(own) - covered)
+        assert not missing, f"stage {st.name} imports {missing}: add them to its code and dvc.yaml deps"

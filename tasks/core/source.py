@@ -28,27 +28,42 @@ def _without_docstrings(tree: ast.AST) -> ast.AST:
     return tree
 
 
+def _canonical(node) -> str:
+    """The syntax tree as text, without empty or absent fields: ast.dump prints those, and Python 3.12
+    added one to every function and class (type_params=[]), which would change every digest with the
+    interpreter's version."""
+    if isinstance(node, ast.AST):
+        fields = [f"{k}={_canonical(v)}" for k, v in ast.iter_fields(node) if v is not None and v != []]
+        return f"{type(node).__name__}({', '.join(fields)})"
+    if isinstance(node, list):
+        return "[" + ", ".join(_canonical(x) for x in node) + "]"
+    return repr(node)
+
+
 def file_digest(path: Path) -> bytes:
     data = path.read_bytes()
     if path.suffix == ".py":
         try:
-            return ast.dump(_without_docstrings(ast.parse(data, filename=str(path)))).encode()
+            return _canonical(_without_docstrings(ast.parse(data, filename=str(path)))).encode()
         except SyntaxError:  # not Python after all: its bytes
             pass
     return data
 
 
 def code_digest(folders: tuple[str, ...], root: Path | None = None) -> str:
-    """One digest of every file under `folders` (relative to `root`, by default SOURCE_ROOT), by relative
-    path and content."""
+    """One digest of every file under `folders` (folders or single files, relative to `root`, by default
+    SOURCE_ROOT), by relative path and content."""
     root = SOURCE_ROOT if root is None else root
     h = hashlib.sha256()
     for folder in folders:
         base = root / folder
-        if not base.is_dir():
+        if base.is_file():
+            files = [base]
+        elif base.is_dir():
+            files = sorted(f for f in base.rglob("*") if f.is_file() and "__pycache__" not in f.parts
+                           and f.suffix != ".pyc")
+        else:
             raise ValueError(f"a stage's source folder {base} does not exist")
-        files = sorted(f for f in base.rglob("*") if f.is_file() and "__pycache__" not in f.parts
-                       and f.suffix != ".pyc")
         for f in files:
             h.update(str(f.relative_to(root)).encode() + b"\0")
             h.update(hashlib.sha256(file_digest(f)).digest())

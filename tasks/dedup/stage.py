@@ -48,7 +48,8 @@ def warnings(stats: dict, p: PipelineParams) -> list[str]:
 
 
 STAGE = Stage(
-    code=("tasks/dedup",),  # dvc.yaml deps
+    # dvc.yaml deps: its package and the code it imports (tests/test_layout.py checks it is all here)
+    code=("tasks/dedup", "tasks/decontaminate/ngram_index.py", "tasks/evalsets", "kernels"),
     name=NAME, section="dedup", input=lambda p: p.dedup.input_stage,
     doc="Exact then fuzzy (MinHash LSH, connected components) dedup across datasets, keeping the highest-priority copy.",
     passes=(

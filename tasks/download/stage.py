@@ -109,7 +109,8 @@ def warnings(stats: dict, p: PipelineParams) -> list[str]:
 
 
 STAGE = Stage(
-    code=("tasks/download",),  # dvc.yaml deps
+    # dvc.yaml deps: its package and the code it imports (tests/test_layout.py checks it is all here)
+    code=("tasks/download", "tasks/sample", "tasks/evalsets", "tasks/extract/warc_reader.py"),
     name="download", section="download",
     input=lambda p: SAMPLE.name if p.download.source == "sample" else None,
     doc="Download WARC files (Common Crawl or the served sample) and ingest curated datasets.",

@@ -55,7 +55,8 @@ def check_tasks(p: PipelineParams, ctx: Context) -> None:
 
 
 STAGE = Stage(
-    code=("tasks/evaluate", "tasks/evalsets"),  # dvc.yaml deps
+    # dvc.yaml deps: its package and the code it imports (tests/test_layout.py checks it is all here)
+    code=("tasks/evaluate", "tasks/evalsets", "trainer", "kernels", "tasks/tokenize", "tasks/train"),
     name=NAME, section="evaluate", input=lambda p: p.evaluate.input_stage,
     doc="Zero/one/few-shot accuracy of the trained model on the nine MT-NLG tasks (lm-eval prompts), with samples.",
     passes=(GlobalPass("results", build=build_results, params=lambda p: p.evaluate.model_dump(mode="json"),

@@ -66,7 +66,8 @@ def warnings(stats: dict, p: PipelineParams) -> list[str]:
 
 
 STAGE = Stage(
-    code=("tasks/filter",),  # dvc.yaml deps
+    # dvc.yaml deps: its package and the code it imports (tests/test_layout.py checks it is all here)
+    code=("tasks/filter", "tasks/extract/__init__.py", "tasks/extract/langid.py", "tasks/extract/fasttext_lid.py"),
     name=NAME, section="filter", input=lambda p: p.filter.input_stage,
     doc="Heuristic rules (language, Gopher quality and repetition, C4 lines), then GPT-3's quality classifier.",
     passes=(

@@ -189,7 +189,8 @@ def warnings(stats: dict, p: PipelineParams) -> list[str]:
 
 
 STAGE = Stage(
-    code=("tasks/train", "trainer"),  # dvc.yaml deps
+    # dvc.yaml deps: its package and the code it imports (tests/test_layout.py checks it is all here)
+    code=("tasks/train", "trainer", "kernels", "tasks/tokenize"),
     name=NAME, section="train", input=lambda p: p.train.input_stage,
     doc="A GPT trained with tensor, pipeline and data parallelism on the blend; checkpoint + HF export.",
     passes=(GlobalPass("model", build=build_model, params=lambda p: p.train.model_dump(exclude={"launch"}), inputs=_inputs),),
