@@ -237,3 +237,29 @@ def test_stats_name_every_pass_in_order(small_params):
                                decontaminate={"margin_chars": 50}))
     changed = run_stage("decontaminate", p)  # only the removal pass depends on the margin
     assert [x["resumed"] for x in changed["passes"]] == [1, changed["shards"], 1, 0]
+
+
+def test_what_a_worker_read_of_markers_lasts_one_stage_run(tmp_path):
+    """Inputs count by the sha256 their pass's marker recorded, read once per change of the completions
+    folder. A Dask worker lives across runs, and a folder rewritten within one tick of the file system's
+    clock keeps its mtime: a new stage run drops what the worker read before."""
+    from tasks.core.passes import input_stat, recorded_for
+    shard = tmp_path / "extract" / "shards" / "a.parquet"
+    shard.parent.mkdir(parents=True)
+    shard.write_bytes(b"PAR1")
+    (tmp_path / "extract" / "completions").mkdir()
+
+    def mark(sha: str) -> None:
+        marker = tmp_path / "extract" / "completions" / "a.json"
+        marker.write_text(json.dumps({"shard": "a", "output": "a.parquet", "bytes": 4, "sha256": sha}))
+        os.utime(marker.parent, ns=(1, 1))  # the folder's mtime as it was: same tick
+
+    mark("aaaa")
+    recorded_for("run-1")
+    assert input_stat([str(shard)]) == [["sha256", "aaaa"]]
+    mark("bbbb")
+    assert input_stat([str(shard)]) == [["sha256", "aaaa"]]  # within the run: read once
+    recorded_for("run-2")
+    assert input_stat([str(shard)]) == [["sha256", "bbbb"]]
+    shard.write_bytes(b"PAR12")  # not the size the marker recorded: by size and mtime
+    assert input_stat([str(shard)])[0][0] == 5

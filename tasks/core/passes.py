@@ -213,10 +213,16 @@ def input_stat(paths) -> list:
 _MARKERS: dict[str, tuple[int, dict]] = {}
 
 
-def forget_recorded() -> None:
-    """Drop what recorded_sha256 read (the runner calls it as a stage starts: a stage run just before, in
-    the same process, may have rewritten markers within one tick of the file system's clock)."""
-    _MARKERS.clear()
+_RUN = [""]  # the stage run the cache was filled in
+
+
+def recorded_for(run: str) -> None:
+    """Keep what recorded_sha256 read only within one stage run: the runner calls this as a stage starts,
+    and each shard with the run's id (a long-lived Dask or process worker then drops what it read in an
+    earlier run, when an earlier stage may have rewritten markers within one tick of the file system's clock)."""
+    if run != _RUN[0]:
+        _MARKERS.clear()
+        _RUN[0] = run
 
 
 def _cached(path: Path, read: Callable[[Path], dict]) -> dict:

@@ -10,6 +10,7 @@ import contextlib
 import fcntl
 import json
 import time
+import uuid
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator
@@ -17,7 +18,7 @@ from typing import Callable, Iterator
 from tasks.core import registry
 from tasks.core.config import PipelineParams
 from tasks.core.errors import PipelineError, StageBusy, StageFailed, UnfinishedInput
-from tasks.core.passes import (PassLayout, Shard, atomic_write_text, digest, forget_recorded, input_stat,
+from tasks.core.passes import (PassLayout, Shard, atomic_write_text, digest, input_stat, recorded_for,
                                merge_stats, prune, remove_leftovers, run_global, run_shard, shards_digest)
 from tasks.core.source import code_digest
 from tasks.core.stage import (Context, GlobalPass, ShardedPass, Stage, changed_input, check_input_passes,
@@ -31,6 +32,7 @@ def process_shard(stage: str, pass_name: str, p: PipelineParams, shard: Shard, c
     st = registry.stage(stage)
     ps = st.pass_named(pass_name)
     layout = PassLayout(st.pass_root(p.paths.data_dir, ps))
+    recorded_for(ctx.run)
     with naming_changed_input(ctx, lambda: shard.inputs):
         return run_shard(layout, shard, lambda s, tmp: ps.process(s, tmp, p, ctx), ps.params(p), ctx.upstream())
 
@@ -148,12 +150,13 @@ def run_stage(name: str, p: PipelineParams, map_shards: MapShards = map_sequenti
     root = Path(p.paths.data_dir) / name
     root.mkdir(parents=True, exist_ok=True)
     stats_path(p, name).unlink(missing_ok=True)  # not complete until this run writes it again
-    forget_recorded()
+    run = uuid.uuid4().hex
+    recorded_for(run)
     remove_leftovers(root)
     start = time.perf_counter()
     passes, reports, docs = [], {}, None
     with st.environment(p) as env:
-        ctx = Context(name, str(p.paths.data_dir), input_stage, env=env, code=code_digest(st.code))
+        ctx = Context(name, str(p.paths.data_dir), input_stage, env=env, code=code_digest(st.code), run=run)
         for ps in st.passes:
             t0 = time.perf_counter()
             if isinstance(ps, ShardedPass):

@@ -33,6 +33,7 @@ class Context:
     env: Mapping = field(default_factory=dict)
     digests: Mapping[str, str] = field(default_factory=dict)
     code: str = ""  # the digest of the stage's source folders (tasks.core.source)
+    run: str = ""  # this stage run's id (what workers keep of markers they read lasts one run)
 
     @property
     def root(self) -> Path:
