@@ -3,6 +3,7 @@ marker with fingerprint, kill -9 then rerun gives the same bytes), resume verifi
 no stage starts on an input stage that has not completed."""
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing
 import os
@@ -261,5 +262,23 @@ def test_what_a_worker_read_of_markers_lasts_one_stage_run(tmp_path):
     assert input_stat([str(shard)]) == [["sha256", "aaaa"]]  # within the run: read once
     recorded_for("run-2")
     assert input_stat([str(shard)]) == [["sha256", "bbbb"]]
-    shard.write_bytes(b"PAR12")  # not the size the marker recorded: by size and mtime
-    assert input_stat([str(shard)])[0][0] == 5
+    shard.write_bytes(b"PAR12")  # not the size the marker recorded: by its own content
+    assert input_stat([str(shard)]) == [["sha256", hashlib.sha256(b"PAR12").hexdigest()]]
+
+
+def test_an_input_no_pass_wrote_counts_by_content_when_small(tmp_path, monkeypatch):
+    """Task files, a user's tokenizer file: a fresh copy of them (new mtimes) redoes nothing, an edit at
+    the same size does; a large one (a user's corpus file) counts by size and mtime."""
+    from tasks.core import passes
+    task = tmp_path / "boolq" / "dev.jsonl"
+    task.parent.mkdir()
+    task.write_text('{"question": "is it?"}\n')
+    passes.recorded_for("run-1")
+    first = passes.input_stat([str(task)])
+    os.utime(task, (time.time() + 100, time.time() + 100))
+    assert passes.input_stat([str(task)]) == first
+    task.write_text('{"question": "is it!"}\n')
+    assert passes.input_stat([str(task)]) != first
+    monkeypatch.setattr(passes, "SMALL_INPUT", 4)
+    st = task.stat()
+    assert passes.input_stat([str(task)]) == [[st.st_size, st.st_mtime_ns]]

@@ -195,22 +195,36 @@ def digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
 
 
+SMALL_INPUT = 64 << 20  # an input no pass wrote (a task file, a tokenizer file) is hashed up to this size
+
+
 def input_stat(paths) -> list:
     """What identifies each input: the sha256 the pipeline recorded when a pass wrote it (recorded_sha256),
-    else its size and modification time; remote inputs count by name only. By content where it can: a
-    `dvc checkout`, a copy or a redone pass that wrote the same bytes gives files new mtimes, and the
-    times alone made every pass after them redo everything."""
+    else its own sha256 if it is small, else its size and modification time; remote inputs count by name
+    only. By content where it can: a `dvc checkout`, a copy or a redone pass that wrote the same bytes
+    gives files new mtimes, and the times alone made every pass after them redo everything."""
     seen = []
     for i in paths:
         p = Path(i)
         st = p.stat() if "://" not in i and p.exists() else None
         sha = recorded_sha256(p, st.st_size) if st else None
+        if sha is None and st and st.st_size <= SMALL_INPUT:
+            sha = _own_sha256(p, st)
         seen.append(["sha256", sha] if sha else [st.st_size, st.st_mtime_ns] if st else None)
     return seen
 
 
+def _own_sha256(path: Path, st: os.stat_result) -> str:
+    """A small input's sha256, hashed once per stage run while its size and mtime stay as they were."""
+    key = f"own:{path}"
+    hit = _MARKERS.get(key)
+    if hit is None or hit[0] != (st.st_size, st.st_mtime_ns):
+        hit = _MARKERS[key] = ((st.st_size, st.st_mtime_ns), {"sha256": file_sha256(path)})
+    return hit[1]["sha256"]
+
+
 # marker file or completions folder -> (its mtime_ns, what it says): read once per change, not once per shard
-_MARKERS: dict[str, tuple[int, dict]] = {}
+_MARKERS: dict[str, tuple[object, dict]] = {}
 
 
 _RUN = [""]  # the stage run the cache was filled in
