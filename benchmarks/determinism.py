@@ -113,16 +113,19 @@ def compare(a: Path, b: Path) -> tuple[list[str], list[str], dict[str, list[str]
     same, differ, records = [], [], {}
     for rel in sorted(set(ta) | set(tb)):
         why = record_reason(rel)
+        if rel not in ta or rel not in tb:
+            (records.setdefault(why, []) if why else differ).append(
+                rel if why else f"{rel} (only in run {'1' if rel in ta else '2'})")
+            continue
+        identical = ta[rel].read_bytes() == tb[rel].read_bytes()
         if why:
             records.setdefault(why, []).append(rel)
-            if rel in ta and rel in tb and ta[rel].read_bytes() == tb[rel].read_bytes():
+            if identical:
                 records.setdefault("(of which identical in both runs)", []).append(rel)
-            if rel in ta and rel in tb and record_parts(rel, ta[rel]) != record_parts(rel, tb[rel]):
+            elif record_parts(rel, ta[rel]) != record_parts(rel, tb[rel]):
                 differ.append(f"{rel} (its deterministic part)")
-        elif rel in ta and rel in tb and ta[rel].read_bytes() == tb[rel].read_bytes():
-            same.append(rel)
         else:
-            differ.append(rel if rel in ta and rel in tb else f"{rel} (only in run {'1' if rel in ta else '2'})")
+            (same if identical else differ).append(rel)
     return same, differ, records
 
 

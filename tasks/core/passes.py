@@ -197,6 +197,33 @@ def digest(obj) -> str:
 
 SMALL_INPUT = 64 << 20  # an input no pass wrote (a task file, a tokenizer file) is hashed up to this size
 
+# a marker file, a completions folder or a small input -> (its size and mtime, what was read of it): read
+# once per change within a stage run, not once per shard
+_CACHE: dict[str, tuple[tuple[int, int], object]] = {}
+_RUN = [""]  # the stage run the cache was filled in
+
+
+def recorded_for(run: str) -> None:
+    """Keep what input_stat read only within one stage run: the runner calls this as a stage starts,
+    and each shard with the run's id (a long-lived Dask or process worker then drops what it read in an
+    earlier run, when an earlier stage may have rewritten markers within one tick of the file system's clock)."""
+    if run != _RUN[0]:
+        _CACHE.clear()
+        _RUN[0] = run
+
+
+def _cached(path: Path, read: Callable[[Path], object]):
+    """read(path), again only once the path's size or mtime changed; None if the path is gone."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    stamp = (st.st_size, st.st_mtime_ns)
+    hit = _CACHE.get(str(path))
+    if hit is None or hit[0] != stamp:
+        hit = _CACHE[str(path)] = (stamp, read(path))
+    return hit[1]
+
 
 def input_stat(paths) -> list:
     """What identifies each input: the sha256 the pipeline recorded when a pass wrote it (recorded_sha256),
@@ -209,45 +236,9 @@ def input_stat(paths) -> list:
         st = p.stat() if "://" not in i and p.exists() else None
         sha = recorded_sha256(p, st.st_size) if st else None
         if sha is None and st and st.st_size <= SMALL_INPUT:
-            sha = _own_sha256(p, st)
+            sha = _cached(p, file_sha256)
         seen.append(["sha256", sha] if sha else [st.st_size, st.st_mtime_ns] if st else None)
     return seen
-
-
-def _own_sha256(path: Path, st: os.stat_result) -> str:
-    """A small input's sha256, hashed once per stage run while its size and mtime stay as they were."""
-    key = f"own:{path}"
-    hit = _MARKERS.get(key)
-    if hit is None or hit[0] != (st.st_size, st.st_mtime_ns):
-        hit = _MARKERS[key] = ((st.st_size, st.st_mtime_ns), {"sha256": file_sha256(path)})
-    return hit[1]["sha256"]
-
-
-# marker file or completions folder -> (its mtime_ns, what it says): read once per change, not once per shard
-_MARKERS: dict[str, tuple[object, dict]] = {}
-
-
-_RUN = [""]  # the stage run the cache was filled in
-
-
-def recorded_for(run: str) -> None:
-    """Keep what recorded_sha256 read only within one stage run: the runner calls this as a stage starts,
-    and each shard with the run's id (a long-lived Dask or process worker then drops what it read in an
-    earlier run, when an earlier stage may have rewritten markers within one tick of the file system's clock)."""
-    if run != _RUN[0]:
-        _MARKERS.clear()
-        _RUN[0] = run
-
-
-def _cached(path: Path, read: Callable[[Path], dict]) -> dict:
-    try:
-        stamp = path.stat().st_mtime_ns
-    except OSError:
-        return {}
-    hit = _MARKERS.get(str(path))
-    if hit is None or hit[0] != stamp:
-        hit = _MARKERS[str(path)] = (stamp, read(path))
-    return hit[1]
 
 
 def recorded_sha256(path: Path, size: int) -> str | None:
@@ -257,22 +248,22 @@ def recorded_sha256(path: Path, size: int) -> str | None:
     file no pass wrote (a user's file, a task file)."""
     if path.parent.name == "shards":
         records = _cached(path.parent.parent / "completions",
-                          lambda d: {r["output"]: r for r in written_records(PassLayout(d.parent)).values()})
+                          lambda d: {r["output"]: r for r in written_records(PassLayout(d.parent)).values()}) or {}
         r = records.get(path.name)
         if r is not None:
             return r["sha256"] if r.get("bytes") == size else None
     for folder in (f for f in path.parents if f.name):  # not "/" or ".": no name, no pass
         done = folder.with_name(folder.name + ".done.json")
         if done.is_file():
-            files = _cached(done, lambda f: (_read_marker(f) or {}).get("files", {}))
+            files = _cached(done, lambda f: (_read_marker(f) or {}).get("files", {})) or {}
             return files.get(str(path.relative_to(folder)))
     return None
 
 
 def fingerprint(pass_params: dict, shard: Shard, upstream: str = "") -> str:
-    """What a shard's output depends on: the pass parameters, each input (input_stat: by the content a
-    pass recorded, else size and mtime, so a rewritten input redoes the shard), and what `upstream` holds:
-    the stage's code and the digest of the passes before it in the stage."""
+    """What a shard's output depends on: the pass parameters, each input (input_stat: by content where it
+    can, so an input rewritten with other bytes redoes the shard), and what `upstream` holds: the stage's
+    code and the digest of the passes before it in the stage."""
     return digest([pass_params, shard.inputs, input_stat(shard.inputs), shard.output, shard.tag, upstream])
 
 
