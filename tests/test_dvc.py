@@ -66,7 +66,6 @@ def test_repro_then_noop_then_only_changed_stages(tmp_path):
         assert (repo / f"data/docs/{stage}/index.html").is_file() and (repo / f"data/docs/{stage}/summary.json").is_file()
 
 
-
 def small_dvc_project(root: Path, git: bool) -> Path:
     """The repo's params.yaml and a one-stage dvc.yaml whose output was never written."""
     root.mkdir(parents=True, exist_ok=True)
