@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+from pathlib import Path
 
 import yaml
 
