@@ -282,3 +282,39 @@ def test_an_input_no_pass_wrote_counts_by_content_when_small(tmp_path, monkeypat
     monkeypatch.setattr(passes, "SMALL_INPUT", 4)
     st = task.stat()
     assert passes.input_stat([str(task)]) == [[st.st_size, st.st_mtime_ns]]
+
+
+def test_a_pass_written_input_edited_after_its_marker_counts_by_its_new_content(tmp_path, monkeypatch):
+    """The recorded sha256 stands for a file only while the file is no newer than the record: an edit at
+    the same size (a hand fix, a bad disk) after the pass wrote it is another input, and a file that only
+    got a new mtime (a copy, `dvc checkout` in any order) is hashed and found the same, at any size."""
+    from tasks.core import passes
+    monkeypatch.setattr(passes, "SMALL_INPUT", 0)  # the rule for pass-written files holds at any size
+    root = tmp_path / "extract"
+    shard, marker, done = root / "shards" / "a.parquet", root / "completions" / "a.json", tmp_path / "tok.done.json"
+    shard.parent.mkdir(parents=True)
+    marker.parent.mkdir()
+    vocab = tmp_path / "tok" / "vocab.json"
+    vocab.parent.mkdir()
+    for path, data in ((shard, b"PAR1"), (vocab, b'{"a": 1}')):
+        path.write_bytes(data)
+    marker.write_text(json.dumps({"shard": "a", "output": "a.parquet", "bytes": 4,
+                                  "sha256": hashlib.sha256(b"PAR1").hexdigest()}))
+    done.write_text(json.dumps({"files": {"vocab.json": hashlib.sha256(b'{"a": 1}').hexdigest()}}))
+    earlier = time.time() - 100  # the pass wrote the files, then its records (clock ticks are coarse: set)
+    for path in (shard, vocab, marker, done):
+        os.utime(path, (earlier, earlier))
+    inputs = [str(shard), str(vocab)]
+    passes.recorded_for("run-1")
+    written = passes.input_stat(inputs)
+    assert written == [["sha256", hashlib.sha256(b"PAR1").hexdigest()], ["sha256", hashlib.sha256(b'{"a": 1}').hexdigest()]]
+    later = time.time() + 100
+    for path in (shard, vocab):
+        os.utime(path, (later, later))  # newer than their records, same bytes
+    passes.recorded_for("run-2")
+    assert passes.input_stat(inputs) == written
+    shard.write_bytes(b"PAR2")
+    vocab.write_bytes(b'{"b": 1}')
+    passes.recorded_for("run-3")
+    assert passes.input_stat(inputs) == [["sha256", hashlib.sha256(b"PAR2").hexdigest()],
+                                         ["sha256", hashlib.sha256(b'{"b": 1}').hexdigest()]]

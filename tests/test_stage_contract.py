@@ -10,9 +10,11 @@ import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 import yaml
 
 from tasks.core.config import parse_params
+from tasks.core.errors import UnfinishedInput
 from tasks.download.http_fetch import gzip_complete
 from tasks.core.runner import run_stage
 from tests.conftest import REPO, small_raw
@@ -111,10 +113,21 @@ def test_inputs_count_by_the_content_their_pass_recorded_not_by_their_time(tmp_p
     for s in ("sample", "download", "extract", "filter", "dedup"):
         run_stage(s, p)
     later = time.time() + 100
-    for f in (tmp_path / "data").rglob("*"):
-        os.utime(f, (later, later))
+    for k, f in enumerate(sorted((tmp_path / "data").rglob("*"))):  # completions/ before shards/: outputs
+        os.utime(f, (later + k, later + k))                          # newer than their markers, hashed again
     for s in ("download", "extract", "filter", "dedup"):
         assert redone_passes(run_stage(s, p)) == [], s
+
+    # the same size, other bytes (a disk error, a hand edit) after extract wrote it: filter does not keep
+    # what it made of the old bytes, and names the shard
+    shard = sorted((tmp_path / "data/extract/shards").glob("*.parquet"))[0]
+    whole = shard.read_bytes()
+    shard.write_bytes(whole[:len(whole) // 2] + bytes(b ^ 0xFF for b in whole[len(whole) // 2:][:64])
+                      + whole[len(whole) // 2 + 64:])
+    os.utime(shard, (later + 10_000, later + 10_000))  # after the touches above, which were in the future
+    with pytest.raises(UnfinishedInput, match=f"input shard {shard} changed since stage 'extract' wrote it"):
+        run_stage("filter", p)
+    shard.write_bytes(whole)
 
     # an input its stage wrote again with other bytes is another input: the passes reading it are redone
     run_stage("extract", parse_params(small_raw(tmp_path / "data", extract={"min_text_chars": 400})))

@@ -226,38 +226,54 @@ def _cached(path: Path, read: Callable[[Path], object]):
 
 
 def input_stat(paths) -> list:
-    """What identifies each input: the sha256 the pipeline recorded when a pass wrote it (recorded_sha256),
-    else its own sha256 if it is small, else its size and modification time; remote inputs count by name
-    only. By content where it can: a `dvc checkout`, a copy or a redone pass that wrote the same bytes
-    gives files new mtimes, and the times alone made every pass after them redo everything."""
+    """What identifies each input: the sha256 the pipeline recorded when a pass wrote it, while the file
+    is no newer than that record (recorded_sha256); else its own sha256 if a pass wrote it or it is small,
+    else its size and modification time; remote inputs count by name only. By content where it can: a
+    `dvc checkout`, a copy or a redone pass that wrote the same bytes gives files new mtimes, and the times
+    alone made every pass after them redo everything; an edit at the same size after the record is seen."""
     seen = []
     for i in paths:
         p = Path(i)
         st = p.stat() if "://" not in i and p.exists() else None
-        sha = recorded_sha256(p, st.st_size) if st else None
-        if sha is None and st and st.st_size <= SMALL_INPUT:
+        recorded = recorded_sha256(p, st) if st else None
+        sha = recorded[0] if recorded and recorded[1] else None
+        if sha is None and st and (recorded or st.st_size <= SMALL_INPUT):
             sha = _cached(p, file_sha256)
         seen.append(["sha256", sha] if sha else [st.st_size, st.st_mtime_ns] if st else None)
     return seen
 
 
-def recorded_sha256(path: Path, size: int) -> str | None:
-    """The sha256 a pass recorded for the file it wrote at `path`: a sharded pass's output by its completion
-    marker (only while the file has the recorded size), a file of a global pass's folder by the folder's
-    .done.json (whose every file the next stage hashes before it starts: check_input_passes). None for a
-    file no pass wrote (a user's file, a task file)."""
+def recorded_sha256(path: Path, st: os.stat_result) -> tuple[str, bool] | None:
+    """The sha256 a pass recorded for the file it wrote at `path`, and whether it still stands for the
+    file: whether the file is no newer than the record (a pass writes the record after the file; a copy or
+    checkout that made it newer leaves it to be hashed again, an edit after the pass too). The record is
+    a sharded pass's completion marker (only while the file has the recorded size), or for a file of a
+    global pass's folder the folder's .done.json (whose every file the next stage hashes before it
+    starts: check_input_passes). None for a file no pass wrote (a user's file, a task file)."""
     if path.parent.name == "shards":
-        records = _cached(path.parent.parent / "completions",
-                          lambda d: {r["output"]: r for r in written_records(PassLayout(d.parent)).values()}) or {}
-        r = records.get(path.name)
+        records = _cached(path.parent.parent / "completions", _records_by_output) or {}
+        r, stamp = records.get(path.name, (None, 0))
         if r is not None:
-            return r["sha256"] if r.get("bytes") == size else None
+            return (r["sha256"], st.st_mtime_ns <= stamp) if r.get("bytes") == st.st_size else None
     for folder in (f for f in path.parents if f.name):  # not "/" or ".": no name, no pass
         done = folder.with_name(folder.name + ".done.json")
         if done.is_file():
-            files = _cached(done, lambda f: (_read_marker(f) or {}).get("files", {})) or {}
-            return files.get(str(path.relative_to(folder)))
+            files, stamp = _cached(done, lambda f: ((_read_marker(f) or {}).get("files", {}), f.stat().st_mtime_ns)) \
+                or ({}, 0)
+            sha = files.get(str(path.relative_to(folder)))
+            return (sha, st.st_mtime_ns <= stamp) if sha else None
     return None
+
+
+def _records_by_output(completions: Path) -> dict[str, tuple[dict, int]]:
+    """Output file name -> (its completion marker, the marker's mtime)."""
+    found = {}
+    for m in completions.glob("*.json"):
+        r = None if m.name.startswith(".tmp-") else _read_marker(m)
+        with contextlib.suppress(OSError):
+            if r is not None:
+                found[r["output"]] = (r, m.stat().st_mtime_ns)
+    return found
 
 
 def fingerprint(pass_params: dict, shard: Shard, upstream: str = "") -> str:
