@@ -14,7 +14,7 @@ export DS_ACCELERATOR ?= cpu
 # a loaded 2-core machine needs more than Prefect's default 20 s to start its temporary server
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
 
-.PHONY: install run test repro ui docs deploy worker bench clean
+.PHONY: install run test repro ui docs deploy worker bench gpu-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -71,6 +71,24 @@ bench: install
 	$(PY) -m pip install -q -e '.[bench]'
 	set -e; for b in $(BENCHES); do echo "== benchmarks.$$b"; \
 	  PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m benchmarks.$$b; done
+
+## On a machine with a CUDA GPU and CuPy, every check that needs one, each logged into GPU_LOGS: the fused
+## kernels against their references, the kernel benchmark with the ~350M step (eager and torch.compile),
+## and the MinHash kernel against the CPU signatures. It needs no venv: `make gpu-check PY=python3` runs
+## with a system python that has torch, CuPy and pydantic (the step imports trainer/), and stops at once
+## where there is no GPU rather than report the skipped tests as passed.
+GPU_LOGS ?= gpu-logs
+gpu-check:
+	@$(PY) -c "import sys, kernels; sys.exit(0 if kernels.fused_available() else 'gpu-check: no CUDA GPU with CuPy here')"
+	mkdir -p "$(GPU_LOGS)"
+	status=0; \
+	$(PY) -m pytest -q tests/test_kernels_gpu.py > "$(GPU_LOGS)/test_kernels_gpu.log" 2>&1 || status=1; \
+	tail -n 3 "$(GPU_LOGS)/test_kernels_gpu.log"; \
+	$(PY) -m benchmarks.kernels --reps 30 --step-compile > "$(GPU_LOGS)/kernels.log" 2>&1 || status=1; \
+	tail -n 25 "$(GPU_LOGS)/kernels.log"; \
+	$(PY) -m tasks.dedup.gpu > "$(GPU_LOGS)/dedup_gpu.log" 2>&1 || status=1; \
+	tail -n 3 "$(GPU_LOGS)/dedup_gpu.log"; \
+	exit $$status
 
 clean:
 	find data -mindepth 1 -maxdepth 1 ! -name .gitkeep -exec rm -rf {} +

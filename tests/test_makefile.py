@@ -37,3 +37,15 @@ def test_make_targets_run_from_a_path_with_spaces(tmp_path, target, ran):
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"first PATH entry: {root}/.venv/bin" in out.stdout, out.stdout
     assert f"ran: {ran}" in out.stdout, out.stdout
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_gpu_check_stops_with_one_line_where_there_is_no_gpu():
+    """Without a GPU the kernel tests skip and pytest exits 0: gpu-check must not pass for a GPU run."""
+    import kernels
+    if kernels.fused_available():
+        pytest.skip("a GPU is here")
+    out = subprocess.run(["make", "-s", "gpu-check", f"PY={REPO / '.venv' / 'bin' / 'python'}", "GPU_LOGS=/nonexistent/x"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, "MAKEFLAGS": ""})
+    assert out.returncode != 0
+    assert out.stderr.strip().splitlines()[0] == "gpu-check: no CUDA GPU with CuPy here", out.stderr
