@@ -198,3 +198,29 @@ def test_padding_a_byte_order_mark_and_a_file_that_is_not_json_lines(tmp_path):
     (tmp_path / "array.json.gz").write_bytes(gzip.compress(json.dumps(ROWS, indent=1).encode()))
     with pytest.raises(InputFileError, match="array.json.gz: no line is a JSON object .*not JSON lines"):
         ingest(tmp_path / "array.json.gz", tmp_path)
+
+
+def test_a_curated_corpus_copied_anew_is_not_converted_again(tmp_path, monkeypatch):
+    """A corpus copied to a new disk has new mtimes; counted by them, download converted it all again.
+    Large files are hashed once after such a change (SMALL_INPUT stands in for their size here)."""
+    import os
+    import time
+
+    from tasks.core import identity
+    monkeypatch.setattr(identity, "SMALL_INPUT", 16)
+    pile = tmp_path / "pile" / "00.jsonl"
+    pile.parent.mkdir()
+    pile.write_bytes(JSONL)
+    p = parse_params(small_raw(tmp_path / "data", download={"curated": [{"path": str(pile)}]}))
+    run_stage("sample", p)
+
+    def redone() -> int:
+        st = run_stage("download", p)
+        return st["shards"] - st["resumed_shards"]
+
+    assert redone() > 0
+    later = time.time() + 100
+    os.utime(pile, (later, later))
+    assert redone() == 0
+    pile.write_bytes(JSONL.replace(b"document 3", b"document 8"))  # same size, other text
+    assert redone() == 1

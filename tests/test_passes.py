@@ -244,7 +244,7 @@ def test_what_a_worker_read_of_markers_lasts_one_stage_run(tmp_path):
     """Inputs count by the sha256 their pass's marker recorded, read once per change of the completions
     folder. A Dask worker lives across runs, and a folder rewritten within one tick of the file system's
     clock keeps its mtime: a new stage run drops what the worker read before."""
-    from tasks.core.passes import input_stat, recorded_for
+    from tasks.core.identity import input_stat, recorded_for
     shard = tmp_path / "extract" / "shards" / "a.parquet"
     shard.parent.mkdir(parents=True)
     shard.write_bytes(b"PAR1")
@@ -266,30 +266,59 @@ def test_what_a_worker_read_of_markers_lasts_one_stage_run(tmp_path):
     assert input_stat([str(shard)]) == [["sha256", hashlib.sha256(b"PAR12").hexdigest()]]
 
 
-def test_an_input_no_pass_wrote_counts_by_content_when_small(tmp_path, monkeypatch):
+def test_an_input_no_pass_wrote_counts_by_content_when_small(tmp_path):
     """Task files, a user's tokenizer file: a fresh copy of them (new mtimes) redoes nothing, an edit at
-    the same size does; a large one (a user's corpus file) counts by size and mtime."""
-    from tasks.core import passes
+    the same size does."""
+    from tasks.core import identity
     task = tmp_path / "boolq" / "dev.jsonl"
     task.parent.mkdir()
     task.write_text('{"question": "is it?"}\n')
-    passes.recorded_for("run-1")
-    first = passes.input_stat([str(task)])
+    identity.recorded_for("run-1", tmp_path / "data")
+    first = identity.input_stat([str(task)])
     os.utime(task, (time.time() + 100, time.time() + 100))
-    assert passes.input_stat([str(task)]) == first
+    assert identity.input_stat([str(task)]) == first
     task.write_text('{"question": "is it!"}\n')
-    assert passes.input_stat([str(task)]) != first
-    monkeypatch.setattr(passes, "SMALL_INPUT", 4)
-    st = task.stat()
-    assert passes.input_stat([str(task)]) == [[st.st_size, st.st_mtime_ns]]
+    assert identity.input_stat([str(task)]) != first
+    assert not (tmp_path / "data").exists()  # small ones are hashed each run, not remembered
+
+
+def test_a_large_input_no_pass_wrote_is_hashed_once_per_change_of_its_size_or_mtime(tmp_path, monkeypatch):
+    """A user's curated corpus (hundreds of GB) copied to a new disk got new mtimes, and counted by size
+    and mtime, download converted all of it again. Now it is hashed once after the copy, remembered
+    under the data folder, and found the same; hashed again only when its size or mtime changes."""
+    from tasks.core import identity
+    monkeypatch.setattr(identity, "SMALL_INPUT", 4)
+    corpus = tmp_path / "pile" / "00.jsonl.zst"
+    corpus.parent.mkdir()
+    corpus.write_bytes(b"zstd frames")
+    hashed = []
+    real = identity.file_sha256
+    monkeypatch.setattr(identity, "file_sha256", lambda p: hashed.append(p) or real(p))
+
+    def stat(run: str) -> list:
+        identity.recorded_for(run, tmp_path / "data")
+        return identity.input_stat([str(corpus)])
+
+    first = stat("run-1")
+    assert first == [["sha256", hashlib.sha256(b"zstd frames").hexdigest()]] and len(hashed) == 1
+    assert stat("run-2") == first and len(hashed) == 1  # remembered across runs
+    later = time.time() + 100
+    os.utime(corpus, (later, later))  # a copy: same bytes, new mtime
+    assert stat("run-3") == first and len(hashed) == 2
+    assert stat("run-4") == first and len(hashed) == 2
+    corpus.write_bytes(b"zstd FRAMES")  # same size, other bytes
+    assert stat("run-5") == [["sha256", hashlib.sha256(b"zstd FRAMES").hexdigest()]]
+    identity.recorded_for("run-6")  # nowhere to remember: size and mtime, never a read of it all each run
+    st = corpus.stat()
+    assert identity.input_stat([str(corpus)]) == [[st.st_size, st.st_mtime_ns]]
 
 
 def test_a_pass_written_input_edited_after_its_marker_counts_by_its_new_content(tmp_path, monkeypatch):
     """The recorded sha256 stands for a file only while the file is no newer than the record: an edit at
     the same size (a hand fix, a bad disk) after the pass wrote it is another input, and a file that only
     got a new mtime (a copy, `dvc checkout` in any order) is hashed and found the same, at any size."""
-    from tasks.core import passes
-    monkeypatch.setattr(passes, "SMALL_INPUT", 0)  # the rule for pass-written files holds at any size
+    from tasks.core import identity
+    monkeypatch.setattr(identity, "SMALL_INPUT", 0)  # the rule for pass-written files holds at any size
     root = tmp_path / "extract"
     shard, marker, done = root / "shards" / "a.parquet", root / "completions" / "a.json", tmp_path / "tok.done.json"
     shard.parent.mkdir(parents=True)
@@ -305,16 +334,16 @@ def test_a_pass_written_input_edited_after_its_marker_counts_by_its_new_content(
     for path in (shard, vocab, marker, done):
         os.utime(path, (earlier, earlier))
     inputs = [str(shard), str(vocab)]
-    passes.recorded_for("run-1")
-    written = passes.input_stat(inputs)
+    identity.recorded_for("run-1")
+    written = identity.input_stat(inputs)
     assert written == [["sha256", hashlib.sha256(b"PAR1").hexdigest()], ["sha256", hashlib.sha256(b'{"a": 1}').hexdigest()]]
     later = time.time() + 100
     for path in (shard, vocab):
         os.utime(path, (later, later))  # newer than their records, same bytes
-    passes.recorded_for("run-2")
-    assert passes.input_stat(inputs) == written
+    identity.recorded_for("run-2")
+    assert identity.input_stat(inputs) == written
     shard.write_bytes(b"PAR2")
     vocab.write_bytes(b'{"b": 1}')
-    passes.recorded_for("run-3")
-    assert passes.input_stat(inputs) == [["sha256", hashlib.sha256(b"PAR2").hexdigest()],
+    identity.recorded_for("run-3")
+    assert identity.input_stat(inputs) == [["sha256", hashlib.sha256(b"PAR2").hexdigest()],
                                          ["sha256", hashlib.sha256(b'{"b": 1}').hexdigest()]]

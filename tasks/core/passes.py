@@ -34,6 +34,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from tasks.core.identity import file_sha256, input_stat
+
 
 class ShardFailed(Exception):
     """Raised by a pass for a shard that cannot be made (a remote file that is gone or still broken
@@ -178,14 +180,6 @@ def load_stored(path: Path, name: str) -> np.ndarray:
     return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape, order="F" if fortran else "C")
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def tree_files(root: Path) -> dict[str, str]:
     """Relative path -> sha256 of every file under `root` (sorted, so the dict is canonical)."""
     return {str(f.relative_to(root)): file_sha256(f) for f in sorted(root.rglob("*")) if f.is_file()}
@@ -193,87 +187,6 @@ def tree_files(root: Path) -> dict[str, str]:
 
 def digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
-
-
-SMALL_INPUT = 64 << 20  # an input no pass wrote (a task file, a tokenizer file) is hashed up to this size
-
-# a marker file, a completions folder or a small input -> (its size and mtime, what was read of it): read
-# once per change within a stage run, not once per shard
-_CACHE: dict[str, tuple[tuple[int, int], object]] = {}
-_RUN = [""]  # the stage run the cache was filled in
-
-
-def recorded_for(run: str) -> None:
-    """Keep what input_stat read only within one stage run: the runner calls this as a stage starts,
-    and each shard with the run's id (a long-lived Dask or process worker then drops what it read in an
-    earlier run, when an earlier stage may have rewritten markers within one tick of the file system's clock)."""
-    if run != _RUN[0]:
-        _CACHE.clear()
-        _RUN[0] = run
-
-
-def _cached(path: Path, read: Callable[[Path], object]):
-    """read(path), again only once the path's size or mtime changed; None if the path is gone."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    stamp = (st.st_size, st.st_mtime_ns)
-    hit = _CACHE.get(str(path))
-    if hit is None or hit[0] != stamp:
-        hit = _CACHE[str(path)] = (stamp, read(path))
-    return hit[1]
-
-
-def input_stat(paths) -> list:
-    """What identifies each input: the sha256 the pipeline recorded when a pass wrote it, while the file
-    is no newer than that record (recorded_sha256); else its own sha256 if a pass wrote it or it is small,
-    else its size and modification time; remote inputs count by name only. By content where it can: a
-    `dvc checkout`, a copy or a redone pass that wrote the same bytes gives files new mtimes, and the times
-    alone made every pass after them redo everything; an edit at the same size after the record is seen."""
-    seen = []
-    for i in paths:
-        p = Path(i)
-        st = p.stat() if "://" not in i and p.exists() else None
-        recorded = recorded_sha256(p, st) if st else None
-        sha = recorded[0] if recorded and recorded[1] else None
-        if sha is None and st and (recorded or st.st_size <= SMALL_INPUT):
-            sha = _cached(p, file_sha256)
-        seen.append(["sha256", sha] if sha else [st.st_size, st.st_mtime_ns] if st else None)
-    return seen
-
-
-def recorded_sha256(path: Path, st: os.stat_result) -> tuple[str, bool] | None:
-    """The sha256 a pass recorded for the file it wrote at `path`, and whether it still stands for the
-    file: whether the file is no newer than the record (a pass writes the record after the file; a copy or
-    checkout that made it newer leaves it to be hashed again, an edit after the pass too). The record is
-    a sharded pass's completion marker (only while the file has the recorded size), or for a file of a
-    global pass's folder the folder's .done.json (whose every file the next stage hashes before it
-    starts: check_input_passes). None for a file no pass wrote (a user's file, a task file)."""
-    if path.parent.name == "shards":
-        records = _cached(path.parent.parent / "completions", _records_by_output) or {}
-        r, stamp = records.get(path.name, (None, 0))
-        if r is not None:
-            return (r["sha256"], st.st_mtime_ns <= stamp) if r.get("bytes") == st.st_size else None
-    for folder in (f for f in path.parents if f.name):  # not "/" or ".": no name, no pass
-        done = folder.with_name(folder.name + ".done.json")
-        if done.is_file():
-            files, stamp = _cached(done, lambda f: ((_read_marker(f) or {}).get("files", {}), f.stat().st_mtime_ns)) \
-                or ({}, 0)
-            sha = files.get(str(path.relative_to(folder)))
-            return (sha, st.st_mtime_ns <= stamp) if sha else None
-    return None
-
-
-def _records_by_output(completions: Path) -> dict[str, tuple[dict, int]]:
-    """Output file name -> (its completion marker, the marker's mtime)."""
-    found = {}
-    for m in completions.glob("*.json"):
-        r = None if m.name.startswith(".tmp-") else _read_marker(m)
-        with contextlib.suppress(OSError):
-            if r is not None:
-                found[r["output"]] = (r, m.stat().st_mtime_ns)
-    return found
 
 
 def fingerprint(pass_params: dict, shard: Shard, upstream: str = "") -> str:

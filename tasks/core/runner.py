@@ -18,8 +18,9 @@ from typing import Callable, Iterator
 from tasks.core import registry
 from tasks.core.config import PipelineParams
 from tasks.core.errors import PipelineError, StageBusy, StageFailed, UnfinishedInput
-from tasks.core.passes import (PassLayout, Shard, atomic_write_text, digest, input_stat, recorded_for,
-                               merge_stats, prune, remove_leftovers, run_global, run_shard, shards_digest)
+from tasks.core.identity import input_stat, recorded_for
+from tasks.core.passes import (PassLayout, Shard, atomic_write_text, digest, merge_stats, prune, remove_leftovers,
+                               run_global, run_shard, shards_digest)
 from tasks.core.source import code_digest
 from tasks.core.stage import (Context, GlobalPass, ShardedPass, Stage, changed_input, check_input_passes,
                               check_input_shards, input_shard_files)
@@ -32,7 +33,7 @@ def process_shard(stage: str, pass_name: str, p: PipelineParams, shard: Shard, c
     st = registry.stage(stage)
     ps = st.pass_named(pass_name)
     layout = PassLayout(st.pass_root(p.paths.data_dir, ps))
-    recorded_for(ctx.run)
+    recorded_for(ctx.run, ctx.data_dir)
     with naming_changed_input(ctx, lambda: shard.inputs):
         return run_shard(layout, shard, lambda s, tmp: ps.process(s, tmp, p, ctx), ps.params(p), ctx.upstream())
 
@@ -151,7 +152,7 @@ def run_stage(name: str, p: PipelineParams, map_shards: MapShards = map_sequenti
     root.mkdir(parents=True, exist_ok=True)
     stats_path(p, name).unlink(missing_ok=True)  # not complete until this run writes it again
     run = uuid.uuid4().hex
-    recorded_for(run)
+    recorded_for(run, p.paths.data_dir)
     remove_leftovers(root)
     start = time.perf_counter()
     passes, reports, docs = [], {}, None

@@ -1,0 +1,142 @@
+"""What identifies a pass's input in its fingerprint: by content wherever it can.
+
+A `dvc checkout`, `dvc pull` or copy gives every file a new mtime; inputs counted by size and mtime
+made every pass after the first redo everything, each rewriting its outputs for the next. So:
+
+- a file a pass wrote counts by the sha256 that pass recorded (its completion marker, or its global
+  pass's `.done.json`), while the file is no newer than that record: the pass writes the record after
+  the file, so a newer file (a copy, a checkout, a hand edit) is hashed again;
+- any other file (a task file, a user's tokenizer or corpus file) by its own sha256: up to SMALL_INPUT
+  hashed once per stage run; above it hashed once per change of its size or mtime, remembered under the
+  data folder (`.input-hashes/`), since a curated corpus can be hundreds of GB;
+- a remote input (a URL) by its name only.
+
+What is read is kept for one stage run (recorded_for): markers once per change, not once per shard.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Callable
+
+SMALL_INPUT = 64 << 20  # an input no pass wrote is hashed each stage run up to this size, remembered above it
+
+# a marker file, a completions folder or an input -> (its size and mtime, what was read of it)
+_CACHE: dict[str, tuple[tuple[int, int], object]] = {}
+_RUN: dict[str, object] = {"id": "", "remembered": None}  # the stage run the cache was filled in
+
+
+def recorded_for(run: str, data_dir: str | Path | None = None) -> None:
+    """Keep what input_stat read only within one stage run: the runner calls this as a stage starts,
+    and each shard with the run's id (a long-lived Dask or process worker then drops what it read in an
+    earlier run, when an earlier stage may have rewritten markers within one tick of the file system's
+    clock). `data_dir`: where large inputs' hashes are remembered; without it they count by size and mtime."""
+    if run != _RUN["id"]:
+        _CACHE.clear()
+        _RUN["id"] = run
+    _RUN["remembered"] = Path(data_dir) / ".input-hashes" if data_dir is not None else None
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _cached(path: Path, read: Callable[[Path], object]):
+    """read(path), again only once the path's size or mtime changed; None if the path is gone."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    stamp = (st.st_size, st.st_mtime_ns)
+    hit = _CACHE.get(str(path))
+    if hit is None or hit[0] != stamp:
+        hit = _CACHE[str(path)] = (stamp, read(path))
+    return hit[1]
+
+
+def input_stat(paths) -> list:
+    """Each input's identity, as the module's docstring says: ["sha256", hex], or [size, mtime_ns] for a
+    large file with nowhere to remember its hash, or None for a remote or missing one."""
+    seen = []
+    for i in paths:
+        p = Path(i)
+        st = p.stat() if "://" not in i and p.exists() else None
+        recorded = recorded_sha256(p, st) if st else None
+        sha = recorded[0] if recorded and recorded[1] else None
+        if sha is None and st and (recorded or st.st_size <= SMALL_INPUT):
+            sha = _cached(p, file_sha256)
+        elif sha is None and st:
+            sha = _cached(p, remembered_sha256)
+        seen.append(["sha256", sha] if sha else [st.st_size, st.st_mtime_ns] if st else None)
+    return seen
+
+
+def remembered_sha256(path: Path) -> str | None:
+    """A large input's sha256, hashed only when its size or mtime differs from what was remembered for
+    it (a file that only got a new mtime is hashed once, then found the same). None where there is
+    nowhere to remember it. A file that changes while it is hashed is not remembered."""
+    folder = _RUN["remembered"]
+    if folder is None:
+        return None
+    where = str(path.resolve())
+    record = folder / f"{hashlib.sha256(where.encode()).hexdigest()[:32]}.json"
+    st = path.stat()
+    key = {"path": where, "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+    known = _read_json(record)
+    if known and all(known.get(k) == v for k, v in key.items()) and known.get("sha256"):
+        return known["sha256"]
+    sha = file_sha256(path)
+    after = path.stat()
+    if (after.st_size, after.st_mtime_ns) == (st.st_size, st.st_mtime_ns):
+        with contextlib.suppress(OSError):  # a read-only data folder: hashed again next run, nothing worse
+            folder.mkdir(parents=True, exist_ok=True)
+            tmp = folder / f".tmp-{record.name}-{os.getpid()}"
+            tmp.write_text(json.dumps({**key, "sha256": sha}, sort_keys=True), encoding="utf-8")
+            os.replace(tmp, record)
+    return sha
+
+
+def recorded_sha256(path: Path, st: os.stat_result) -> tuple[str, bool] | None:
+    """The sha256 a pass recorded for the file it wrote at `path`, and whether it still stands for the
+    file: whether the file is no newer than the record. The record is a sharded pass's completion marker
+    (only while the file has the recorded size), or for a file of a global pass's folder the folder's
+    .done.json (whose every file the next stage hashes before it starts: check_input_passes). None for a
+    file no pass wrote (a user's file, a task file)."""
+    if path.parent.name == "shards":
+        records = _cached(path.parent.parent / "completions", _records_by_output) or {}
+        r, stamp = records.get(path.name, (None, 0))
+        if r is not None:
+            return (r["sha256"], st.st_mtime_ns <= stamp) if r.get("bytes") == st.st_size else None
+    for folder in (f for f in path.parents if f.name):  # not "/" or ".": no name, no pass
+        done = folder.with_name(folder.name + ".done.json")
+        if done.is_file():
+            files, stamp = _cached(done, lambda f: ((_read_json(f) or {}).get("files", {}), f.stat().st_mtime_ns)) \
+                or ({}, 0)
+            sha = files.get(str(path.relative_to(folder)))
+            return (sha, st.st_mtime_ns <= stamp) if sha else None
+    return None
+
+
+def _records_by_output(completions: Path) -> dict[str, tuple[dict, int]]:
+    """Output file name -> (its completion marker, the marker's mtime)."""
+    found = {}
+    for m in completions.glob("*.json"):
+        r = None if m.name.startswith(".tmp-") else _read_json(m)
+        with contextlib.suppress(OSError, KeyError, TypeError):
+            if r is not None:
+                found[r["output"]] = (r, m.stat().st_mtime_ns)
+    return found
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
