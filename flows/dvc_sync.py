@@ -13,7 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tasks.core import registry
 from tasks.core.config import ConfigError, PipelineParams, load_params
+from tasks.core.source import changed_since_loaded
 
 
 def dvc_repo_root(start: Path = Path(".")) -> Path | None:
@@ -51,10 +53,16 @@ def record_in_dvc(stages: list[str], p: PipelineParams) -> str:
             return "parameters differ from params.yaml: run not recorded in dvc.lock"
     except ConfigError as e:
         return f"params.yaml unreadable ({e}): run not recorded"
+    edited = [s for s in stages if changed_since_loaded(registry.stage(s).code)]
+    stages = [s for s in stages if s not in edited]
+    skipped = (f"not recorded in dvc.lock: the code of {', '.join(edited)} changed while the run was under way "
+               f"(the outputs are the old code's; the next run redoes them)") if edited else ""
+    if not stages:
+        return skipped
     dvc = Path(sys.executable).with_name("dvc")
     cmd = [str(dvc) if dvc.exists() else "dvc", "commit", "--force", *stages]
     env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
     out = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"dvc commit failed: {dvc_error(out.stderr + out.stdout)}")
-    return f"recorded in dvc.lock: {', '.join(stages)}"
+    return f"recorded in dvc.lock: {', '.join(stages)}" + (f"; {skipped}" if skipped else "")

@@ -51,6 +51,7 @@ def test_a_stage_is_redone_after_a_change_to_its_code_only(tmp_path, monkeypatch
     src = tmp_path / "src"  # a copy of the sources, digested in place of the repo's (which stay as they are)
     shutil.copytree(REPO / "tasks", src / "tasks", ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(source, "SOURCE_ROOT", src)
+    monkeypatch.setattr(source, "_LOADED", {})
     p = parse_params(small_raw(tmp_path / "data"))
     run_stage("sample", p)
     shards = run_stage("download", p)["shards"]
@@ -58,6 +59,7 @@ def test_a_stage_is_redone_after_a_change_to_its_code_only(tmp_path, monkeypatch
     before = {f.name: f.read_bytes() for f in out.iterdir()}
 
     def resumed() -> int:
+        source._LOADED.clear()  # each run in a new process, as `python -m tasks` and each pipeline run
         return run_stage("download", p)["resumed_shards"]
 
     assert resumed() == shards  # nothing changed: nothing redone
@@ -72,6 +74,30 @@ def test_a_stage_is_redone_after_a_change_to_its_code_only(tmp_path, monkeypatch
     assert resumed() == 0  # its own code: every shard redone
     assert {f.name: f.read_bytes() for f in out.iterdir()} == before  # (this change alters no output)
     assert resumed() == shards
+
+
+def test_code_edited_while_a_run_is_under_way_is_not_taken_for_the_code_that_ran(tmp_path, monkeypatch):
+    """A long pipeline run loads every stage's code as it starts. A stage's digest was read from disk when
+    the stage began, so an edit made before then (while download ran for hours, say) was recorded as the
+    code that made outputs the loaded, old code made: the next run kept them. Now the digest is the code
+    as loaded, and the next run, in a new process, redoes the stage."""
+    from tasks.core import registry
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "tasks", src / "tasks", ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(source, "SOURCE_ROOT", src)
+    monkeypatch.setattr(source, "_LOADED", {})
+    p = parse_params(small_raw(tmp_path / "data"))
+    run_stage("sample", p)
+    shards = run_stage("download", p)["shards"]
+    source._LOADED.clear()  # the next pipeline run's process, which loads the code as it starts
+    code = registry.stage("download").code
+    source.loaded_code_digest(code)
+    stage_py = src / "tasks" / "download" / "stage.py"
+    stage_py.write_text(stage_py.read_text() + "\nCHANGED = 1\n")  # while an earlier stage runs
+    assert run_stage("download", p)["resumed_shards"] == shards  # the code that ran is the code loaded
+    assert source.changed_since_loaded(code)  # so the pipeline does not record it in dvc.lock (test_dvc)
+    source._LOADED.clear()  # the run after
+    assert run_stage("download", p)["resumed_shards"] == 0
 
 
 def test_the_digest_leaves_out_what_python_versions_add_empty():

@@ -21,7 +21,7 @@ from tasks.core.errors import PipelineError, StageBusy, StageFailed, UnfinishedI
 from tasks.core.identity import input_stat, recorded_for
 from tasks.core.passes import (PassLayout, Shard, atomic_write_text, digest, merge_stats, prune, remove_leftovers,
                                run_global, run_shard, shards_digest)
-from tasks.core.source import code_digest
+from tasks.core.source import loaded_code_digest
 from tasks.core.stage import (Context, GlobalPass, ShardedPass, Stage, changed_input, check_input_passes,
                               check_input_shards, input_shard_files)
 
@@ -157,7 +157,7 @@ def run_stage(name: str, p: PipelineParams, map_shards: MapShards = map_sequenti
     start = time.perf_counter()
     passes, reports, docs = [], {}, None
     with st.environment(p) as env:
-        ctx = Context(name, str(p.paths.data_dir), input_stage, env=env, code=code_digest(st.code), run=run)
+        ctx = Context(name, str(p.paths.data_dir), input_stage, env=env, code=loaded_code_digest(st.code), run=run)
         for ps in st.passes:
             t0 = time.perf_counter()
             if isinstance(ps, ShardedPass):

@@ -68,3 +68,24 @@ def code_digest(folders: tuple[str, ...], root: Path | None = None) -> str:
             h.update(str(f.relative_to(root)).encode() + b"\0")
             h.update(hashlib.sha256(file_digest(f)).digest())
     return h.hexdigest()[:16]
+
+
+# (source root, stage code folders) -> their digest when this process first asked: the code it loaded
+_LOADED: dict[tuple[str, tuple[str, ...]], str] = {}
+
+
+def loaded_code_digest(folders: tuple[str, ...]) -> str:
+    """The digest of the code this process runs: computed the first time it asks, then kept. A process that
+    runs several stages (flows.pipeline) asks for all of them as it starts, when it has imported them: an
+    edit made to a later stage's code while a long run is under way is then not recorded as the code that
+    made that stage's outputs (the next run redoes the stage instead of keeping what the old code made)."""
+    key = (str(SOURCE_ROOT), folders)
+    if key not in _LOADED:
+        _LOADED[key] = code_digest(folders)
+    return _LOADED[key]
+
+
+def changed_since_loaded(folders: tuple[str, ...]) -> bool:
+    """Whether the code on disk differs from the code this process loaded (loaded_code_digest)."""
+    key = (str(SOURCE_ROOT), folders)
+    return key in _LOADED and code_digest(folders) != _LOADED[key]
