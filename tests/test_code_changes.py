@@ -47,14 +47,20 @@ def test_comments_docstrings_and_layout_do_not_count_statements_do(tmp_path):
         source.code_digest(("missing-pkg",), tmp_path)
 
 
-def test_a_stage_is_redone_after_a_change_to_its_code_only(tmp_path, monkeypatch):
-    src = tmp_path / "src"  # a copy of the sources, digested in place of the repo's (which stay as they are)
+def downloaded_with_copied_sources(tmp_path: Path, monkeypatch) -> tuple[Path, object, int]:
+    """A copy of the sources, digested in place of the repo's (which stay as they are), and sample and
+    download run once: (the copy's root, the params, download's shard count)."""
+    src = tmp_path / "src"
     shutil.copytree(REPO / "tasks", src / "tasks", ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(source, "SOURCE_ROOT", src)
     monkeypatch.setattr(source, "_LOADED", {})
     p = parse_params(small_raw(tmp_path / "data"))
     run_stage("sample", p)
-    shards = run_stage("download", p)["shards"]
+    return src, p, run_stage("download", p)["shards"]
+
+
+def test_a_stage_is_redone_after_a_change_to_its_code_only(tmp_path, monkeypatch):
+    src, p, shards = downloaded_with_copied_sources(tmp_path, monkeypatch)
     out = tmp_path / "data" / "download" / "shards"
     before = {f.name: f.read_bytes() for f in out.iterdir()}
 
@@ -82,13 +88,7 @@ def test_code_edited_while_a_run_is_under_way_is_not_taken_for_the_code_that_ran
     code that made outputs the loaded, old code made: the next run kept them. Now the digest is the code
     as loaded, and the next run, in a new process, redoes the stage."""
     from tasks.core import registry
-    src = tmp_path / "src"
-    shutil.copytree(REPO / "tasks", src / "tasks", ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setattr(source, "SOURCE_ROOT", src)
-    monkeypatch.setattr(source, "_LOADED", {})
-    p = parse_params(small_raw(tmp_path / "data"))
-    run_stage("sample", p)
-    shards = run_stage("download", p)["shards"]
+    src, p, shards = downloaded_with_copied_sources(tmp_path, monkeypatch)
     source._LOADED.clear()  # the next pipeline run's process, which loads the code as it starts
     code = registry.stage("download").code
     source.loaded_code_digest(code)
