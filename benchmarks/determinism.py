@@ -45,6 +45,7 @@ RUN_RECORDS = (
     ("train/model/train_report.json", "throughput (the losses are compared)"),
     ("evaluate/results/results.json", "seconds and provenance: the hashes of the records above (rows compared)"),
     ("*.lock", "a lock file"),
+    (".input-hashes/*", "a remembered hash of an input: its absolute path, mtime and inode"),
 )
 
 

@@ -282,18 +282,25 @@ def test_an_input_no_pass_wrote_counts_by_content_when_small(tmp_path):
     assert not (tmp_path / "data").exists()  # small ones are hashed each run, not remembered
 
 
+def counting_hashes(monkeypatch) -> list:
+    """The files identity hashes from now on, in order."""
+    from tasks.core import identity
+    hashed, real = [], identity.file_sha256
+    monkeypatch.setattr(identity, "file_sha256", lambda p: hashed.append(Path(p).name) or real(p))
+    return hashed
+
+
 def test_a_large_input_no_pass_wrote_is_hashed_once_per_change_of_its_size_or_mtime(tmp_path, monkeypatch):
     """A user's curated corpus (hundreds of GB) copied to a new disk got new mtimes, and counted by size
     and mtime, download converted all of it again. Now it is hashed once after the copy, remembered
-    under the data folder, and found the same; hashed again only when its size or mtime changes."""
+    under the data folder, and found the same; hashed again when its size, mtime or ctime changes."""
     from tasks.core import identity
     monkeypatch.setattr(identity, "SMALL_INPUT", 4)
+    monkeypatch.setattr(identity, "RACY_NS", 0)  # (its own case below)
     corpus = tmp_path / "pile" / "00.jsonl.zst"
     corpus.parent.mkdir()
     corpus.write_bytes(b"zstd frames")
-    hashed = []
-    real = identity.file_sha256
-    monkeypatch.setattr(identity, "file_sha256", lambda p: hashed.append(p) or real(p))
+    hashed = counting_hashes(monkeypatch)
 
     def stat(run: str) -> list:
         identity.recorded_for(run, tmp_path / "data")
@@ -302,23 +309,35 @@ def test_a_large_input_no_pass_wrote_is_hashed_once_per_change_of_its_size_or_mt
     first = stat("run-1")
     assert first == [["sha256", hashlib.sha256(b"zstd frames").hexdigest()]] and len(hashed) == 1
     assert stat("run-2") == first and len(hashed) == 1  # remembered across runs
-    later = time.time() + 100
-    os.utime(corpus, (later, later))  # a copy: same bytes, new mtime
+    old = corpus.stat().st_mtime_ns
+    copied = time.time() - 50
+    os.utime(corpus, (copied, copied))  # a copy: same bytes, another mtime
     assert stat("run-3") == first and len(hashed) == 2
     assert stat("run-4") == first and len(hashed) == 2
     corpus.write_bytes(b"zstd FRAMES")  # same size, other bytes
     assert stat("run-5") == [["sha256", hashlib.sha256(b"zstd FRAMES").hexdigest()]]
-    identity.recorded_for("run-6")  # nowhere to remember: size and mtime, never a read of it all each run
+    corpus.write_bytes(b"zstd frames")
+    os.utime(corpus, ns=(old, old))  # the first version put back with its mtime (rsync -a): a new ctime
+    assert stat("run-6") == first
+    assert not [f for f in (tmp_path / "data" / ".input-hashes").iterdir() if f.name.startswith(".tmp-")]
+    identity.recorded_for("run-7")  # nowhere to remember: size and mtime, never a read of it all each run
     st = corpus.stat()
     assert identity.input_stat([str(corpus)]) == [[st.st_size, st.st_mtime_ns]]
+    monkeypatch.setattr(identity, "RACY_NS", 10 ** 15)  # written within a clock tick of the hash: a writer
+    corpus.write_bytes(b"zstd frames, more")             # may still be at it, so it is not remembered
+    n = len(hashed)
+    assert stat("run-8") == stat("run-9") == [["sha256", hashlib.sha256(b"zstd frames, more").hexdigest()]]
+    assert len(hashed) == n + 2
 
 
 def test_a_pass_written_input_edited_after_its_marker_counts_by_its_new_content(tmp_path, monkeypatch):
     """The recorded sha256 stands for a file only while the file is no newer than the record: an edit at
-    the same size (a hand fix, a bad disk) after the pass wrote it is another input, and a file that only
-    got a new mtime (a copy, `dvc checkout` in any order) is hashed and found the same, at any size."""
+    the same size (a hand fix, a bad disk) after the pass wrote it is another input, even one put back
+    with an old mtime (`cp -p`: its ctime is new); a file that only got a new mtime (a copy, `dvc
+    checkout` in any order) is hashed once, at any size, and found the same."""
     from tasks.core import identity
     monkeypatch.setattr(identity, "SMALL_INPUT", 0)  # the rule for pass-written files holds at any size
+    monkeypatch.setattr(identity, "RACY_NS", 0)
     root = tmp_path / "extract"
     shard, marker, done = root / "shards" / "a.parquet", root / "completions" / "a.json", tmp_path / "tok.done.json"
     shard.parent.mkdir(parents=True)
@@ -327,23 +346,29 @@ def test_a_pass_written_input_edited_after_its_marker_counts_by_its_new_content(
     vocab.parent.mkdir()
     for path, data in ((shard, b"PAR1"), (vocab, b'{"a": 1}')):
         path.write_bytes(data)
+    written_at = max(f.stat().st_ctime_ns for f in (shard, vocab))
     marker.write_text(json.dumps({"shard": "a", "output": "a.parquet", "bytes": 4,
                                   "sha256": hashlib.sha256(b"PAR1").hexdigest()}))
     done.write_text(json.dumps({"files": {"vocab.json": hashlib.sha256(b'{"a": 1}').hexdigest()}}))
-    earlier = time.time() - 100  # the pass wrote the files, then its records (clock ticks are coarse: set)
-    for path in (shard, vocab, marker, done):
-        os.utime(path, (earlier, earlier))
+    for record in (marker, done):  # the pass writes its records after its files
+        os.utime(record, ns=(written_at, written_at))
+    hashed = counting_hashes(monkeypatch)
     inputs = [str(shard), str(vocab)]
-    identity.recorded_for("run-1")
-    written = identity.input_stat(inputs)
+
+    def stat(run: str) -> list:
+        identity.recorded_for(run, tmp_path / "data")
+        return identity.input_stat(inputs)
+
+    written = stat("run-1")
     assert written == [["sha256", hashlib.sha256(b"PAR1").hexdigest()], ["sha256", hashlib.sha256(b'{"a": 1}').hexdigest()]]
-    later = time.time() + 100
+    assert hashed == []  # by the records
+    time.sleep(0.05)  # past the records' time on the file system's coarse clock
     for path in (shard, vocab):
-        os.utime(path, (later, later))  # newer than their records, same bytes
-    identity.recorded_for("run-2")
-    assert identity.input_stat(inputs) == written
+        os.utime(path, ns=(written_at + 1, written_at + 1))  # newer than their records, same bytes
+    assert stat("run-2") == written and len(hashed) == 2
+    assert stat("run-3") == written and len(hashed) == 2  # remembered
     shard.write_bytes(b"PAR2")
+    os.utime(shard, ns=(written_at, written_at))  # another version put back with the old mtime
     vocab.write_bytes(b'{"b": 1}')
-    identity.recorded_for("run-3")
-    assert identity.input_stat(inputs) == [["sha256", hashlib.sha256(b"PAR2").hexdigest()],
-                                         ["sha256", hashlib.sha256(b'{"b": 1}').hexdigest()]]
+    assert stat("run-4") == [["sha256", hashlib.sha256(b"PAR2").hexdigest()],
+                             ["sha256", hashlib.sha256(b'{"b": 1}').hexdigest()]]

@@ -4,11 +4,12 @@ A `dvc checkout`, `dvc pull` or copy gives every file a new mtime; inputs counte
 made every pass after the first redo everything, each rewriting its outputs for the next. So:
 
 - a file a pass wrote counts by the sha256 that pass recorded (its completion marker, or its global
-  pass's `.done.json`), while the file is no newer than that record: the pass writes the record after
-  the file, so a newer file (a copy, a checkout, a hand edit) is hashed again;
+  pass's `.done.json`), while the file is no newer than that record in mtime and ctime: the pass writes
+  the record after the file, so a newer file (a copy, a checkout, a hand edit, an old version put back
+  with its old mtime) is hashed again, and that hash remembered (below);
 - any other file (a task file, a user's tokenizer or corpus file) by its own sha256: up to SMALL_INPUT
-  hashed once per stage run; above it hashed once per change of its size or mtime, remembered under the
-  data folder (`.input-hashes/`), since a curated corpus can be hundreds of GB;
+  hashed once per stage run; above it hashed once per change of its size, mtime, ctime or inode,
+  remembered under the data folder (`.input-hashes/`), since a curated corpus can be hundreds of GB;
 - a remote input (a URL) by its name only.
 
 What is read is kept for one stage run (recorded_for): markers once per change, not once per shard.
@@ -19,6 +20,7 @@ import contextlib
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -63,43 +65,57 @@ def _cached(path: Path, read: Callable[[Path], object]):
 
 def input_stat(paths) -> list:
     """Each input's identity, as the module's docstring says: ["sha256", hex], or [size, mtime_ns] for a
-    large file with nowhere to remember its hash, or None for a remote or missing one."""
+    large file no pass wrote with nowhere to remember its hash, or None for a remote or missing one."""
     seen = []
     for i in paths:
         p = Path(i)
         st = p.stat() if "://" not in i and p.exists() else None
         recorded = recorded_sha256(p, st) if st else None
         sha = recorded[0] if recorded and recorded[1] else None
-        if sha is None and st and (recorded or st.st_size <= SMALL_INPUT):
-            sha = _cached(p, file_sha256)
-        elif sha is None and st:
-            sha = _cached(p, remembered_sha256)
+        if sha is None and st:
+            if recorded or st.st_size > SMALL_INPUT:  # remembered: not a read of it all on every run
+                sha = _cached(p, remembered_sha256) or (_cached(p, file_sha256) if recorded else None)
+            else:
+                sha = _cached(p, file_sha256)
         seen.append(["sha256", sha] if sha else [st.st_size, st.st_mtime_ns] if st else None)
     return seen
 
 
+RACY_NS = 2_000_000_000  # a file modified this recently may still change within its mtime's tick: not remembered
+
+
 def remembered_sha256(path: Path) -> str | None:
-    """A large input's sha256, hashed only when its size or mtime differs from what was remembered for
-    it (a file that only got a new mtime is hashed once, then found the same). None where there is
-    nowhere to remember it. A file that changes while it is hashed is not remembered."""
+    """The file's sha256, hashed only when its size, mtime, ctime or inode differs from what was
+    remembered for it (a file that only got a new mtime is hashed once, then found the same; a file put
+    back with its old mtime, by `rsync -a` or `cp -p`, has a new ctime). None where there is nowhere to
+    remember it. A file that changed while it was hashed, or was modified within the last RACY_NS (a
+    writer may still be at it within the file system's clock tick), is hashed but not remembered."""
     folder = _RUN["remembered"]
     if folder is None:
         return None
     where = str(path.resolve())
     record = folder / f"{hashlib.sha256(where.encode()).hexdigest()[:32]}.json"
     st = path.stat()
-    key = {"path": where, "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
-    known = _read_json(record)
-    if known and all(known.get(k) == v for k, v in key.items()) and known.get("sha256"):
+    key = {"path": where, "bytes": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns,
+           "inode": st.st_ino}
+    known = _read_json(record) or {}
+    if all(known.get(k) == v for k, v in key.items()) and known.get("sha256"):
         return known["sha256"]
+    started = time.time_ns()
     sha = file_sha256(path)
     after = path.stat()
-    if (after.st_size, after.st_mtime_ns) == (st.st_size, st.st_mtime_ns):
-        with contextlib.suppress(OSError):  # a read-only data folder: hashed again next run, nothing worse
+    if (after.st_size, after.st_mtime_ns, after.st_ctime_ns) == (st.st_size, st.st_mtime_ns, st.st_ctime_ns) \
+            and started - max(st.st_mtime_ns, st.st_ctime_ns) >= RACY_NS:
+        tmp = folder / f".tmp-{record.name}-{os.getpid()}-{time.monotonic_ns()}"
+        try:
             folder.mkdir(parents=True, exist_ok=True)
-            tmp = folder / f".tmp-{record.name}-{os.getpid()}"
             tmp.write_text(json.dumps({**key, "sha256": sha}, sort_keys=True), encoding="utf-8")
             os.replace(tmp, record)
+        except OSError:  # a read-only data folder, a full disk: hashed again next run, nothing worse
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
     return sha
 
 
@@ -113,15 +129,22 @@ def recorded_sha256(path: Path, st: os.stat_result) -> tuple[str, bool] | None:
         records = _cached(path.parent.parent / "completions", _records_by_output) or {}
         r, stamp = records.get(path.name, (None, 0))
         if r is not None:
-            return (r["sha256"], st.st_mtime_ns <= stamp) if r.get("bytes") == st.st_size else None
+            return (r["sha256"], _not_newer(st, stamp)) if r.get("bytes") == st.st_size else None
     for folder in (f for f in path.parents if f.name):  # not "/" or ".": no name, no pass
         done = folder.with_name(folder.name + ".done.json")
         if done.is_file():
             files, stamp = _cached(done, lambda f: ((_read_json(f) or {}).get("files", {}), f.stat().st_mtime_ns)) \
                 or ({}, 0)
             sha = files.get(str(path.relative_to(folder)))
-            return (sha, st.st_mtime_ns <= stamp) if sha else None
+            return (sha, _not_newer(st, stamp)) if sha else None
     return None
+
+
+def _not_newer(st: os.stat_result, record_mtime_ns: int) -> bool:
+    """Whether a file is no newer than its record, in content (mtime) and in inode (ctime: a file put
+    back with an old mtime by `cp -p` or `rsync -a` was changed now). A pass renames its output into
+    place and then writes the record, so both come before the record's mtime."""
+    return max(st.st_mtime_ns, st.st_ctime_ns) <= record_mtime_ns
 
 
 def _records_by_output(completions: Path) -> dict[str, tuple[dict, int]]:
@@ -137,6 +160,7 @@ def _records_by_output(completions: Path) -> dict[str, tuple[dict, int]]:
 
 def _read_json(path: Path) -> dict | None:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        found = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+    return found if isinstance(found, dict) else None
