@@ -35,8 +35,19 @@ def test_every_stage_is_declared_and_has_a_dvc_stage_a_flow_and_a_suite():
         assert (f"data/docs/{st.name}" in d["outs"]) == (st.suite is not None)  # restored with the outputs
         # the source folders a change of which redoes the stage: the same for DVC and for every runner
         assert tuple(x for x in d["deps"] if not x.startswith("data/")) == st.code, st.name
-        metrics = [next(iter(m)) for m in d.get("metrics", [])]
+        metrics = [m if isinstance(m, str) else next(iter(m)) for m in d.get("metrics", [])]
         assert f"data/{st.name}/stats.json" in metrics
+        for ps in st.passes:  # a folder restored without its marker (dvc pull) was built again
+            folder = str(st.pass_root("data", ps))
+            if isinstance(ps, GlobalPass) and folder in d["outs"]:
+                assert f"{folder}.done.json" in d["outs"], f"{st.name}: {folder}.done.json is not a DVC out"
+            if isinstance(ps, ShardedPass) and f"{folder}/shards" in d["outs"]:
+                assert f"{folder}/completions" in d["outs"], f"{st.name}: {folder}/completions is not a DVC out"
+        # in the DVC cache, so `dvc pull` brings them: data/ is not in git, and a stage without its
+        # stats.json is not complete (the next stage refuses it; `dvc status` calls it deleted)
+        for entry in d.get("metrics", []) + d.get("plots", []):
+            (path, options), = (entry if isinstance(entry, dict) else {entry: {}}).items()
+            assert (options or {}).get("cache", True), f"{st.name}: {path} has cache: false"
         assert STAGE_FLOWS[st.name].name == f"stage-{st.name}"
         if st.suite is not None:
             suite = importlib.import_module(st.suite)
