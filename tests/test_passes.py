@@ -372,3 +372,6 @@ def test_a_pass_written_input_edited_after_its_marker_counts_by_its_new_content(
     vocab.write_bytes(b'{"b": 1}')
     assert stat("run-4") == [["sha256", hashlib.sha256(b"PAR2").hexdigest()],
                              ["sha256", hashlib.sha256(b'{"b": 1}').hexdigest()]]
+    identity.recorded_for("run-5")  # nowhere to remember: hashed all the same
+    os.utime(shard, ns=(written_at + 2, written_at + 2))
+    assert identity.input_stat(inputs)[0] == ["sha256", hashlib.sha256(b"PAR2").hexdigest()]

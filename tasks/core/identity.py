@@ -26,8 +26,8 @@ from typing import Callable
 
 SMALL_INPUT = 64 << 20  # an input no pass wrote is hashed each stage run up to this size, remembered above it
 
-# a marker file, a completions folder or an input -> (its size and mtime, what was read of it)
-_CACHE: dict[str, tuple[tuple[int, int], object]] = {}
+# (a marker file, a completions folder or an input; what read it) -> (its size and mtime, what was read)
+_CACHE: dict[tuple[str, str], tuple[tuple[int, int], object]] = {}
 _RUN: dict[str, object] = {"id": "", "remembered": None}  # the stage run the cache was filled in
 
 
@@ -56,10 +56,10 @@ def _cached(path: Path, read: Callable[[Path], object]):
         st = path.stat()
     except OSError:
         return None
-    stamp = (st.st_size, st.st_mtime_ns)
-    hit = _CACHE.get(str(path))
+    stamp, key = (st.st_size, st.st_mtime_ns), (str(path), read.__qualname__)
+    hit = _CACHE.get(key)
     if hit is None or hit[0] != stamp:
-        hit = _CACHE[str(path)] = (stamp, read(path))
+        hit = _CACHE[key] = (stamp, read(path))
     return hit[1]
 
 
