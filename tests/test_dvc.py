@@ -2,6 +2,7 @@
 is checked in test_prefect, on the pipeline run against a server)."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import BIN, REPO
+from tests.conftest import BENCHMARKS, BIN, REPO
 from tests.project_copy import copy_project
 
 ENV = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}
@@ -34,7 +35,10 @@ def set_param(repo: Path, stage: str, key: str, value) -> None:
 
 
 def test_repro_then_noop_then_only_changed_stages(tmp_path):
-    repo = copy_project(tmp_path)
+    repo = copy_project(tmp_path / "project")
+    bench = tmp_path / "benchmarks"  # a copy, to edit a task file at the end
+    shutil.copytree(BENCHMARKS, bench)
+    set_param(repo, "paths", "benchmarks_dir", str(bench))
     assert ran(dvc(repo, "repro")) == ["sample", "download", "extract", "filter", "dedup", "decontaminate", "tokenize", "train",
                                        "evaluate"]
     assert (repo / "data/extract/stats.json").is_file() and (repo / "dvc.lock").is_file()
@@ -64,6 +68,12 @@ def test_repro_then_noop_then_only_changed_stages(tmp_path):
     assert ran(log) == [] and "Stage 'dedup' is cached - skipping run" in log, log
     for stage in ("download", "dedup", "evaluate"):
         assert (repo / f"data/docs/{stage}/index.html").is_file() and (repo / f"data/docs/{stage}/summary.json").is_file()
+
+    # an edited task file: the stages that read the task files are out of date (DVC said up to date)
+    boolq = bench / "boolq" / "dev.jsonl"
+    boolq.write_text(boolq.read_text(encoding="utf-8").replace("\n", " \n", 1), encoding="utf-8")
+    status = json.loads(dvc(repo, "status", "--json").strip().splitlines()[-1])
+    assert sorted(status) == ["decontaminate", "evaluate", "sample"], status
 
 
 def small_dvc_project(root: Path, git: bool) -> Path:
