@@ -48,9 +48,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(stage: str, params_file: str) -> dict:
-    from tasks.core import interrupts, lifeline
+    from tasks.core import interrupts, lifeline, registry
     from tasks.core.config import load_params
-    from tasks.core.errors import ConfigError, naming_full_disk
+    from tasks.core.errors import CodeChanged, ConfigError, naming_full_disk
+    from tasks.core.source import changed_since_loaded
     from tasks.core.registry import PIPELINE
     from tasks.core.runner import run_stage, stage_lock
     from tasks.validation import validate_stage
@@ -64,6 +65,11 @@ def run(stage: str, params_file: str) -> dict:
         lifeline.guard_descendants()  # what the stage starts (sandboxed extraction, ranks) ends with it
         stats = run_stage(stage, params, validation_follows=True)
         report = validate_stage(stage, params)
+    code = registry.stage(stage).code
+    if changed_since_loaded(code):  # a failed command is one DVC does not record in dvc.lock
+        raise CodeChanged(f"stage '{stage}' ran with the code it loaded, and its code changed on disk meanwhile: "
+                          f"its outputs are the old code's, so this run must not be recorded; rerun `python -m "
+                          f"tasks {stage}`")
     summary = {k: stats[k] for k in ("stage", "shards", "docs_in", "docs_out", "dropped", "warnings") if k in stats}
     if report is not None:
         summary["validation"] = {"batches": report.batches, "docs": report.docs}

@@ -100,6 +100,45 @@ def test_code_edited_while_a_run_is_under_way_is_not_taken_for_the_code_that_ran
     assert run_stage("download", p)["resumed_shards"] == 0
 
 
+def test_the_stage_command_fails_when_its_code_changed_while_it_ran(tmp_path, monkeypatch):
+    """`dvc repro` hashes a stage's deps after its command: an edit made while `python -m tasks <stage>`
+    ran was recorded in dvc.lock as the code of outputs the old code made. A failed command is not."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+    src, p, shards = downloaded_with_copied_sources(tmp_path, monkeypatch)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(small_raw(tmp_path / "data")))
+    # the command runs the copy, whose validation first edits download's code: an edit while it runs
+    validation = src / "tasks" / "validation" / "__init__.py"
+    clean = validation.read_text()
+    validation.write_text(clean + """
+_validate = validate_stage
+
+
+def validate_stage(stage, p):
+    f = Path(__file__).parents[1] / "download" / "stage.py"
+    f.write_text(f.read_text() + "\\nCHANGED = 1\\n")
+    return _validate(stage, p)
+""")
+
+    def command() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "tasks", "download"], cwd=tmp_path, capture_output=True,
+                              text=True, env={**os.environ, "PYTHONPATH": str(src)}, timeout=600)
+
+    out = command()
+    assert out.returncode == 1, out.stderr
+    assert out.stderr.strip() == (
+        "code changed: stage 'download' ran with the code it loaded, and its code changed on disk meanwhile: its "
+        "outputs are the old code's, so this run must not be recorded; rerun `python -m tasks download`")
+    validation.write_text(clean)
+    out = command()  # the next run: the new code, so download is redone
+    assert out.returncode == 0, out.stderr
+    source._LOADED.clear()  # and recorded as the new code's: a run after it redoes nothing
+    assert run_stage("download", p)["resumed_shards"] == shards
+
+
 def test_the_digest_leaves_out_what_python_versions_add_empty():
     # Python 3.12's syntax tree gives every function and class an empty type_params field
     tree = ast.parse(MODULE)

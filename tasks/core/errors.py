@@ -76,6 +76,13 @@ class StageFailed(PipelineError, RuntimeError):
     label = "stage failed"
 
 
+class CodeChanged(PipelineError, RuntimeError):
+    """A stage's code changed on disk while the stage ran: its outputs are the old code's, and `dvc
+    repro` would record them against the new code (it hashes the deps after the command)."""
+
+    label = "code changed"
+
+
 class DiskFull(PipelineError, OSError):
     """A write failed for want of space where the path was not named (Great Expectations writing Data
     Docs) or with no errno at all (numpy's `np.save` reports a short fwrite as `N requested and M
