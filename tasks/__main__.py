@@ -51,13 +51,14 @@ def run(stage: str, params_file: str) -> dict:
     from tasks.core import interrupts, lifeline, registry
     from tasks.core.config import load_params
     from tasks.core.errors import CodeChanged, ConfigError, naming_full_disk
-    from tasks.core.source import changed_since_loaded
+    from tasks.core.source import changed_since_loaded, loaded_code_digest
     from tasks.core.registry import PIPELINE
     from tasks.core.runner import run_stage, stage_lock
     from tasks.validation import validate_stage
 
     if stage not in PIPELINE:
         raise ConfigError(f"unknown stage {stage!r}; stages: {', '.join(PIPELINE)}")
+    loaded_code_digest(registry.stage(stage).code)  # imported above: the code it runs (input checks take time)
     params = load_params(params_file)
     # the limit after Ctrl-C: a shard blocked in a stalled download needs up to its timeout
     interrupts.install(interrupts.EXIT_WITHIN_S + params.download.timeout_s)

@@ -82,19 +82,24 @@ def test_a_stage_is_redone_after_a_change_to_its_code_only(tmp_path, monkeypatch
     assert resumed() == shards
 
 
-def test_code_edited_while_a_run_is_under_way_is_not_taken_for_the_code_that_ran(tmp_path, monkeypatch):
+def test_a_stage_whose_code_changed_after_the_run_loaded_it_does_not_start(tmp_path, monkeypatch):
     """A long pipeline run loads every stage's code as it starts. A stage's digest was read from disk when
     the stage began, so an edit made before then (while download ran for hours, say) was recorded as the
-    code that made outputs the loaded, old code made: the next run kept them. Now the digest is the code
-    as loaded, and the next run, in a new process, redoes the stage."""
+    code of outputs that the loaded modules made, with the new code's lazily imported modules (the trainer,
+    the kernels, the evaluator) mixed in: the next run kept them. Now such a stage does not start; the
+    next run, in a new process, runs the new code."""
     from tasks.core import registry
+    from tasks.core.errors import CodeChanged
     src, p, shards = downloaded_with_copied_sources(tmp_path, monkeypatch)
     source._LOADED.clear()  # the next pipeline run's process, which loads the code as it starts
     code = registry.stage("download").code
     source.loaded_code_digest(code)
     stage_py = src / "tasks" / "download" / "stage.py"
     stage_py.write_text(stage_py.read_text() + "\nCHANGED = 1\n")  # while an earlier stage runs
-    assert run_stage("download", p)["resumed_shards"] == shards  # the code that ran is the code loaded
+    with pytest.raises(CodeChanged, match="stage 'download' cannot start: its code changed on disk after this run "
+                                          "loaded it, and it would run a mix of old and new code: rerun"):
+        run_stage("download", p)
+    assert (tmp_path / "data" / "download" / "stats.json").is_file()  # refused before anything changed
     assert source.changed_since_loaded(code)  # so the pipeline does not record it in dvc.lock (test_dvc)
     source._LOADED.clear()  # the run after
     assert run_stage("download", p)["resumed_shards"] == 0

@@ -17,11 +17,11 @@ from typing import Callable, Iterator
 
 from tasks.core import registry
 from tasks.core.config import PipelineParams
-from tasks.core.errors import PipelineError, StageBusy, StageFailed, UnfinishedInput
+from tasks.core.errors import CodeChanged, PipelineError, StageBusy, StageFailed, UnfinishedInput
 from tasks.core.identity import input_stat, recorded_for
 from tasks.core.passes import (PassLayout, Shard, atomic_write_text, digest, merge_stats, prune, remove_leftovers,
                                run_global, run_shard, shards_digest)
-from tasks.core.source import loaded_code_digest
+from tasks.core.source import code_digest, loaded_code_digest
 from tasks.core.stage import (Context, GlobalPass, ShardedPass, Stage, changed_input, check_input_passes,
                               check_input_shards, input_shard_files)
 
@@ -148,6 +148,10 @@ def run_stage(name: str, p: PipelineParams, map_shards: MapShards = map_sequenti
             check_input_passes(before, registry.stage(input_stage))
     if st.check is not None:
         st.check(p, before)
+    code = loaded_code_digest(st.code)
+    if code_digest(st.code) != code:  # its code not yet imported would be the new one: a mix, never recorded
+        raise CodeChanged(f"stage '{name}' cannot start: its code changed on disk after this run loaded it, and "
+                          f"it would run a mix of old and new code: rerun")
     root = Path(p.paths.data_dir) / name
     root.mkdir(parents=True, exist_ok=True)
     stats_path(p, name).unlink(missing_ok=True)  # not complete until this run writes it again
@@ -157,7 +161,7 @@ def run_stage(name: str, p: PipelineParams, map_shards: MapShards = map_sequenti
     start = time.perf_counter()
     passes, reports, docs = [], {}, None
     with st.environment(p) as env:
-        ctx = Context(name, str(p.paths.data_dir), input_stage, env=env, code=loaded_code_digest(st.code), run=run)
+        ctx = Context(name, str(p.paths.data_dir), input_stage, env=env, code=code, run=run)
         for ps in st.passes:
             t0 = time.perf_counter()
             if isinstance(ps, ShardedPass):

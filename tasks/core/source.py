@@ -76,9 +76,11 @@ _LOADED: dict[tuple[str, tuple[str, ...]], str] = {}
 
 def loaded_code_digest(folders: tuple[str, ...]) -> str:
     """The digest of the code this process runs: computed the first time it asks, then kept. A process that
-    runs several stages (flows.pipeline) asks for all of them as it starts, when it has imported them: an
-    edit made to a later stage's code while a long run is under way is then not recorded as the code that
-    made that stage's outputs (the next run redoes the stage instead of keeping what the old code made)."""
+    runs several stages (flows.pipeline) asks for all of them as it starts. An edit made to a stage's code
+    after that is never recorded as the code of what the run made: a stage whose code changed before it
+    started refuses to start (much of its code would be imported only then: the trainer, the kernels,
+    the evaluator, what ranks and worker processes import: a mix of old and new), and one whose code
+    changed while it ran is left out of dvc.lock (flows.dvc_sync) or fails its command (tasks.__main__)."""
     key = (str(SOURCE_ROOT), folders)
     if key not in _LOADED:
         _LOADED[key] = code_digest(folders)
