@@ -55,9 +55,20 @@ def params_hash(dumped: dict) -> str:
     return hashlib.sha256(json.dumps(dumped, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def left_out_of_lock() -> list[str]:
+    """The stages this process loaded whose code changed while it ran: the pipeline leaves them out of
+    dvc.lock (flows.dvc_sync), whose entries for them are then an earlier run's."""
+    from tasks.core import registry
+    from tasks.core.source import changed_since_loaded
+    return [s for s in DATA_STAGES if changed_since_loaded(registry.stage(s).code)]
+
+
 def collect(root: Path, data_dir: Path, params: dict, checkpoint: dict) -> dict:
-    return {"git": git_commit(root), "dvc_lock": dvc_lock(root, data_dir), "validation": validations(data_dir),
-            "params_sha256": params_hash(params), "checkpoint": checkpoint,
+    lock, left_out = dvc_lock(root, data_dir), left_out_of_lock()
+    for stage in left_out:
+        lock.pop(stage, None)
+    return {"git": git_commit(root), "dvc_lock": lock, "dvc_lock_left_out": left_out,
+            "validation": validations(data_dir), "params_sha256": params_hash(params), "checkpoint": checkpoint,
             # Prefect sets it in a deployment's run process; the stage flows set it for in-process runs
             "prefect_flow_run_id": os.environ.get("PREFECT__FLOW_RUN_ID")}
 
@@ -78,6 +89,8 @@ def lineage(results: dict, task: str | None = None, metric: str | None = None) -
                                                              if stage == "sample" else "not recorded")
             lines.append(f"data: {stage} {path} md5 {md5}; validation {outcome}"
                          f"{' ' + v['data_docs'] if v.get('data_docs') else ''}")
+    for stage in prov.get("dvc_lock_left_out", []):
+        lines.append(f"data: {stage} not recorded in dvc.lock: its code changed while the run was under way")
     return lines
 
 
