@@ -98,7 +98,7 @@ def remembered_sha256(path: Path) -> str | None:
     st = path.stat()
     key = {"path": where, "bytes": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns,
            "inode": st.st_ino}
-    known = _read_json(record) or {}
+    known = read_json(record) or {}
     if all(known.get(k) == v for k, v in key.items()) and known.get("sha256"):
         return known["sha256"]
     started = time.time_ns()
@@ -106,16 +106,9 @@ def remembered_sha256(path: Path) -> str | None:
     after = path.stat()
     if (after.st_size, after.st_mtime_ns, after.st_ctime_ns) == (st.st_size, st.st_mtime_ns, st.st_ctime_ns) \
             and started - max(st.st_mtime_ns, st.st_ctime_ns) >= RACY_NS:
-        tmp = folder / f".tmp-{record.name}-{os.getpid()}-{time.monotonic_ns()}"
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps({**key, "sha256": sha}, sort_keys=True), encoding="utf-8")
-            os.replace(tmp, record)
-        except OSError:  # a read-only data folder, a full disk: hashed again next run, nothing worse
-            pass
-        finally:
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
+        from tasks.core.passes import atomic_write_text  # (passes imports this module)
+        with contextlib.suppress(OSError):  # a read-only data folder, a full disk: hashed again next run
+            atomic_write_text(record, json.dumps({**key, "sha256": sha}, sort_keys=True))
     return sha
 
 
@@ -126,14 +119,14 @@ def recorded_sha256(path: Path, st: os.stat_result) -> tuple[str, bool] | None:
     .done.json (whose every file the next stage hashes before it starts: check_input_passes). None for a
     file no pass wrote (a user's file, a task file)."""
     if path.parent.name == "shards":
-        records = _cached(path.parent.parent / "completions", _records_by_output) or {}
+        records = _cached(path.parent.parent / "completions", records_by_output) or {}
         r, stamp = records.get(path.name, (None, 0))
         if r is not None:
             return (r["sha256"], _not_newer(st, stamp)) if r.get("bytes") == st.st_size else None
     for folder in (f for f in path.parents if f.name):  # not "/" or ".": no name, no pass
         done = folder.with_name(folder.name + ".done.json")
         if done.is_file():
-            files, stamp = _cached(done, lambda f: ((_read_json(f) or {}).get("files", {}), f.stat().st_mtime_ns)) \
+            files, stamp = _cached(done, lambda f: ((read_json(f) or {}).get("files", {}), f.stat().st_mtime_ns)) \
                 or ({}, 0)
             sha = files.get(str(path.relative_to(folder)))
             return (sha, _not_newer(st, stamp)) if sha else None
@@ -147,18 +140,19 @@ def _not_newer(st: os.stat_result, record_mtime_ns: int) -> bool:
     return max(st.st_mtime_ns, st.st_ctime_ns) <= record_mtime_ns
 
 
-def _records_by_output(completions: Path) -> dict[str, tuple[dict, int]]:
-    """Output file name -> (its completion marker, the marker's mtime)."""
+def records_by_output(completions: Path) -> dict[str, tuple[dict, int]]:
+    """Output file name -> (its completion marker, the marker's mtime), from a sharded pass's completions
+    folder (temporary and unreadable markers left out)."""
     found = {}
     for m in completions.glob("*.json"):
-        r = None if m.name.startswith(".tmp-") else _read_json(m)
+        r = None if m.name.startswith(".tmp-") else read_json(m)
         with contextlib.suppress(OSError, KeyError, TypeError):
             if r is not None:
                 found[r["output"]] = (r, m.stat().st_mtime_ns)
     return found
 
 
-def _read_json(path: Path) -> dict | None:
+def read_json(path: Path) -> dict | None:
     try:
         found = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):

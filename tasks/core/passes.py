@@ -34,7 +34,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from tasks.core.identity import file_sha256, input_stat
+from tasks.core.identity import file_sha256, input_stat, read_json, records_by_output
 
 
 class ShardFailed(Exception):
@@ -196,24 +196,16 @@ def fingerprint(pass_params: dict, shard: Shard, upstream: str = "") -> str:
     return digest([pass_params, shard.inputs, input_stat(shard.inputs), shard.output, shard.tag, upstream])
 
 
-def _read_marker(marker: Path) -> dict | None:
-    try:
-        return json.loads(marker.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
 def written_records(layout: PassLayout) -> dict[str, dict]:
     """Output file name -> its completion marker (bytes, sha256, ...); failed shards have none."""
-    records = (_read_marker(m) for m in layout.completions.glob("*.json") if not m.name.startswith(".tmp-"))
-    return {r["output"]: r for r in records if r is not None}
+    return {name: r for name, (r, _) in records_by_output(layout.completions).items()}
 
 
 def global_output_change(out: Path, marker: Path) -> tuple[str, Path] | None:
     """How a global pass's output differs from what its marker recorded, as (kind, path): "missing" (the
     folder, its marker or one of its files), "added" (a file it did not write), "changed" (other bytes);
     None when it does not."""
-    record = _read_marker(marker)
+    record = read_json(marker)
     if not out.is_dir() or record is None:
         return "missing", out if not out.is_dir() else marker
     files, written = tree_files(out), record.get("files", {})
@@ -231,7 +223,7 @@ def written_outputs(layout: PassLayout) -> dict[str, int]:
 def finished_stats(pass_root: Path, shard_name: str) -> dict:
     """The stats an earlier sharded pass recorded for one shard in its completion marker (a later pass
     of the same stage reads them instead of recomputing what that pass already counted)."""
-    record = _read_marker(PassLayout(pass_root).completions / f"{shard_name}.json")
+    record = read_json(PassLayout(pass_root).completions / f"{shard_name}.json")
     if record is None:
         raise ValueError(f"{pass_root}: no completion marker for shard {shard_name}")
     return record["stats"]
@@ -244,7 +236,7 @@ def run_shard(layout: PassLayout, shard: Shard, fn: ShardFn, pass_params: dict, 
     """Run `fn(shard, tmp_output)` unless a valid completion marker says it is done."""
     out, marker = layout.output(shard), layout.marker(shard)
     fp = fingerprint(pass_params, shard, upstream)
-    done = _read_marker(marker) if marker.exists() and out.exists() else None
+    done = read_json(marker) if marker.exists() and out.exists() else None
     corrupt = 0
     if done and done.get("fingerprint") == fp:
         if done.get("bytes") == out.stat().st_size and file_sha256(out) == done.get("sha256"):
@@ -303,7 +295,7 @@ GlobalFn = Callable[[Path], dict]
 def run_global(out: Path, marker: Path, fn: GlobalFn, fp: str) -> dict:
     """Run `fn(tmp_folder) -> report` unless a valid marker says `out` is done; the folder is
     built beside `out` and swapped in whole, then the marker (with every file's sha256) follows."""
-    done = _read_marker(marker) if marker.exists() and out.is_dir() else None
+    done = read_json(marker) if marker.exists() and out.is_dir() else None
     corrupt = 0
     if done and done.get("fingerprint") == fp:
         if tree_files(out) == done.get("files"):

@@ -21,7 +21,7 @@ from tasks.core.errors import CodeChanged, PipelineError, StageBusy, StageFailed
 from tasks.core.identity import input_stat, recorded_for
 from tasks.core.passes import (PassLayout, Shard, atomic_write_text, digest, merge_stats, prune, remove_leftovers,
                                run_global, run_shard, shards_digest)
-from tasks.core.source import code_digest, loaded_code_digest
+from tasks.core.source import changed_since_loaded, loaded_code_digest
 from tasks.core.stage import (Context, GlobalPass, ShardedPass, Stage, changed_input, check_input_passes,
                               check_input_shards, input_shard_files)
 
@@ -149,7 +149,7 @@ def run_stage(name: str, p: PipelineParams, map_shards: MapShards = map_sequenti
     if st.check is not None:
         st.check(p, before)
     code = loaded_code_digest(st.code)
-    if code_digest(st.code) != code:  # its code not yet imported would be the new one: a mix, never recorded
+    if changed_since_loaded(st.code):  # its code not yet imported would be the new one: a mix, never recorded
         raise CodeChanged(f"stage '{name}' cannot start: its code changed on disk after this run loaded it, and "
                           f"it would run a mix of old and new code: rerun")
     root = Path(p.paths.data_dir) / name
