@@ -49,6 +49,20 @@ def small_raw(data_dir: Path, **over) -> dict:
 
 
 @pytest.fixture
+def copied_sources(tmp_path, monkeypatch) -> Path:
+    """A copy of tasks/ digested in place of the repo's sources (which stay as they are), with what this
+    process loaded forgotten (tasks.core.source): the test edits stage code in the copy."""
+    import shutil
+
+    from tasks.core import source
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "tasks", src / "tasks", ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(source, "SOURCE_ROOT", src)
+    monkeypatch.setattr(source, "_LOADED", {})
+    return src
+
+
+@pytest.fixture
 def small_params(tmp_path):
     from tasks.core.config import parse_params
 

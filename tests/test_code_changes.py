@@ -4,7 +4,6 @@ old outputs and recorded them in dvc.lock against the new code."""
 from __future__ import annotations
 
 import ast
-import shutil
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ import pytest
 from tasks.core import source
 from tasks.core.config import parse_params
 from tasks.core.runner import run_stage
-from tests.conftest import REPO, small_raw
+from tests.conftest import small_raw
 
 MODULE = '''"""What it does."""
 import os
@@ -47,20 +46,16 @@ def test_comments_docstrings_and_layout_do_not_count_statements_do(tmp_path):
         source.code_digest(("missing-pkg",), tmp_path)
 
 
-def downloaded_with_copied_sources(tmp_path: Path, monkeypatch) -> tuple[Path, object, int]:
-    """A copy of the sources, digested in place of the repo's (which stay as they are), and sample and
-    download run once: (the copy's root, the params, download's shard count)."""
-    src = tmp_path / "src"
-    shutil.copytree(REPO / "tasks", src / "tasks", ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setattr(source, "SOURCE_ROOT", src)
-    monkeypatch.setattr(source, "_LOADED", {})
+def downloaded(tmp_path: Path) -> tuple[object, int]:
+    """Sample and download run once: (the params, download's shard count)."""
     p = parse_params(small_raw(tmp_path / "data"))
     run_stage("sample", p)
-    return src, p, run_stage("download", p)["shards"]
+    return p, run_stage("download", p)["shards"]
 
 
-def test_a_stage_is_redone_after_a_change_to_its_code_only(tmp_path, monkeypatch):
-    src, p, shards = downloaded_with_copied_sources(tmp_path, monkeypatch)
+def test_a_stage_is_redone_after_a_change_to_its_code_only(tmp_path, copied_sources):
+    src = copied_sources
+    p, shards = downloaded(tmp_path)
     out = tmp_path / "data" / "download" / "shards"
     before = {f.name: f.read_bytes() for f in out.iterdir()}
 
@@ -82,7 +77,7 @@ def test_a_stage_is_redone_after_a_change_to_its_code_only(tmp_path, monkeypatch
     assert resumed() == shards
 
 
-def test_a_stage_whose_code_changed_after_the_run_loaded_it_does_not_start(tmp_path, monkeypatch):
+def test_a_stage_whose_code_changed_after_the_run_loaded_it_does_not_start(tmp_path, copied_sources):
     """A long pipeline run loads every stage's code as it starts. A stage's digest was read from disk when
     the stage began, so an edit made before then (while download ran for hours, say) was recorded as the
     code of outputs that the loaded modules made, with the new code's lazily imported modules (the trainer,
@@ -90,7 +85,8 @@ def test_a_stage_whose_code_changed_after_the_run_loaded_it_does_not_start(tmp_p
     next run, in a new process, runs the new code."""
     from tasks.core import registry
     from tasks.core.errors import CodeChanged
-    src, p, shards = downloaded_with_copied_sources(tmp_path, monkeypatch)
+    src = copied_sources
+    p, shards = downloaded(tmp_path)
     source._LOADED.clear()  # the next pipeline run's process, which loads the code as it starts
     code = registry.stage("download").code
     source.loaded_code_digest(code)
@@ -105,7 +101,7 @@ def test_a_stage_whose_code_changed_after_the_run_loaded_it_does_not_start(tmp_p
     assert run_stage("download", p)["resumed_shards"] == 0
 
 
-def test_the_stage_command_fails_when_its_code_changed_while_it_ran(tmp_path, monkeypatch):
+def test_the_stage_command_fails_when_its_code_changed_while_it_ran(tmp_path, copied_sources):
     """`dvc repro` hashes a stage's deps after its command: an edit made while `python -m tasks <stage>`
     ran was recorded in dvc.lock as the code of outputs the old code made. A failed command is not."""
     import os
@@ -113,7 +109,8 @@ def test_the_stage_command_fails_when_its_code_changed_while_it_ran(tmp_path, mo
     import sys
 
     import yaml
-    src, p, shards = downloaded_with_copied_sources(tmp_path, monkeypatch)
+    src = copied_sources
+    p, shards = downloaded(tmp_path)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(small_raw(tmp_path / "data")))
     # the command runs the copy, whose validation first edits download's code: an edit while it runs
     validation = src / "tasks" / "validation" / "__init__.py"

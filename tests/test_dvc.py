@@ -112,18 +112,16 @@ def test_a_failed_dvc_commit_names_dvcs_cause(tmp_path, monkeypatch):
     assert str(e.value) == "dvc commit failed: failed to commit sample - output 'data/sample/corpus' does not exist"
 
 
-def test_a_stage_whose_code_changed_while_the_run_was_under_way_is_not_recorded(tmp_path, monkeypatch):
+def test_a_stage_whose_code_changed_while_the_run_was_under_way_is_not_recorded(tmp_path, monkeypatch,
+                                                                                copied_sources):
     """Its outputs are what the code loaded at the run's start made; recorded against the edited code,
     `dvc repro` would take them as up to date."""
     from flows.dvc_sync import record_in_dvc
     from tasks.core import registry, source
     from tasks.core.config import load_params
     monkeypatch.chdir(small_dvc_project(tmp_path / "repo", git=True))
-    shutil.copytree(REPO / "tasks", tmp_path / "src" / "tasks", ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setattr(source, "SOURCE_ROOT", tmp_path / "src")
-    monkeypatch.setattr(source, "_LOADED", {})
     source.loaded_code_digest(registry.stage("sample").code)  # as the pipeline run starts
-    stage_py = tmp_path / "src" / "tasks" / "sample" / "stage.py"
+    stage_py = copied_sources / "tasks" / "sample" / "stage.py"
     stage_py.write_text(stage_py.read_text() + "\nCHANGED = 1\n")
     # DVC is not asked (it would fail: this project's sample never ran)
     assert record_in_dvc(["sample"], load_params("params.yaml")) == (

@@ -237,25 +237,19 @@ def test_the_lineage_cli_names_each_stage_validation_and_refuses_an_unknown_metr
     assert "no metric 'nosuch' in" in capsys.readouterr().err
 
 
-def test_the_lineage_names_a_stage_left_out_of_dvc_lock_instead_of_citing_its_old_hashes(tmp_path, monkeypatch):
+def test_the_lineage_names_a_stage_left_out_of_dvc_lock_instead_of_citing_its_old_hashes(tmp_path, copied_sources):
     """A stage whose code changed while the pipeline ran is left out of dvc.lock; its lock entry is an
     earlier run's, and the evaluation cited it as this model's data."""
-    import shutil
-
     import yaml
 
     from tasks.core import registry, source
     from tasks.evaluate.provenance import collect, lineage
-    from tests.conftest import REPO
-    shutil.copytree(REPO / "tasks", tmp_path / "src" / "tasks", ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setattr(source, "SOURCE_ROOT", tmp_path / "src")
-    monkeypatch.setattr(source, "_LOADED", {})
     for stage in ("sample", "extract"):  # loaded as the pipeline run starts
         source.loaded_code_digest(registry.stage(stage).code)
     (tmp_path / "dvc.lock").write_text(yaml.safe_dump({"stages": {
         "sample": {"outs": [{"path": "data/sample/corpus", "md5": "old"}]},
         "extract": {"outs": [{"path": "data/extract/shards", "md5": "m2"}]}}}))
-    stage_py = tmp_path / "src" / "tasks" / "sample" / "stage.py"
+    stage_py = copied_sources / "tasks" / "sample" / "stage.py"
     stage_py.write_text(stage_py.read_text() + "\nCHANGED = 1\n")
     prov = collect(tmp_path, tmp_path / "data", {}, {"path": "ck", "step": 1, "tokens": 8})
     assert prov["dvc_lock"] == {"extract": {"data/extract/shards": "m2"}} and prov["dvc_lock_left_out"] == ["sample"]
