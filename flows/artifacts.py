@@ -12,7 +12,8 @@ from flows.plots import data_uri, stage_plots
 from tasks.core.config import PipelineParams
 from tasks.validation import ValidationReport
 
-_SKIP = {"stage", "passes", "dropped", "extra", "tasks", "validation", "failed_shards", "fewshot_k", "warnings"}
+_SKIP = {"stage", "passes", "dropped", "extra", "tasks", "validation", "failed_shards", "fewshot_k", "warnings",
+         "fingerprint", "up_to_date"}
 
 
 def _cell(v) -> str:
@@ -35,6 +36,9 @@ def stats_markdown(stats: dict, report: ValidationReport | None, p: PipelinePara
     lines = [f"## Stage `{stage}`", ""]
     if failure:
         lines += [f"**Failed:** {failure}", ""]
+    if stats.get("up_to_date"):
+        lines += ["**Up to date:** not run again. Its code, parameters and inputs are those of the run that made its "
+                  "outputs, and the outputs are whole. The figures below are from that run.", ""]
     lines += [f"**Warning:** {_cell(w)}" + "  " for w in stats.get("warnings", [])] + [""] * bool(stats.get("warnings"))
     lines += ["| metric | value |", "|---|---|"]
     lines += [f"| {k.replace('_', ' ')} | {_cell(v)} |" for k, v in sorted(stats.items())
@@ -144,7 +148,8 @@ def summary_markdown(rows: list[dict], p: PipelineParams, outcome: str) -> str:
         link = f"[artifact]({artifact_url(r['artifact'])})" if r.get("artifact") else ""
         state = f"**{r['error']}**" if r.get("error") else ""
         lines.append(f"| {r['stage']} | {_cell(stats.get('docs_in', '-'))} | {_cell(stats.get('docs_out', '-'))} | "
-                     f"{_cell(sum(stats.get('dropped', {}).values()))} | {stats.get('wall_seconds', '-')} | "
+                     f"{_cell(sum(stats.get('dropped', {}).values()))} | "
+                     f"{'up to date' if stats.get('up_to_date') else stats.get('wall_seconds', '-')} | "
                      f"{check} | {link} {state} |")
     lines += ["", f"Data Docs: [{docs_link(p)}]({docs_link(p)}) (served by `make docs` / `make ui`)"]
     return "\n".join(lines)

@@ -27,7 +27,7 @@ from tasks.core.passes import Shard
 from tasks.core.registry import STAGES
 from tasks.core.runner import process_shard, run_stage, stage_lock, stats_path
 from tasks.core.stage import Context, Stage
-from tasks.validation import ExpectationFailed, validate_stage
+from tasks.validation import ExpectationFailed, validation_of
 
 
 @task(name="shard", task_run_name="{stage}.{pass_name}:{shard.name}", cache_policy=NO_CACHE, persist_result=False)
@@ -77,13 +77,16 @@ def run_stage_flow(stage: str, p: PipelineParams) -> dict:
         with watching(next(st for st in STAGES if st.name == stage), p):
             stats = run_stage(stage, p, map_shards=map_with_prefect, validation_follows=True)
         try:
-            report = validate_stage(stage, p)
+            report = validation_of(stage, p, stats)
         except ExpectationFailed as e:
             publish(_with_validation(stats, p), e.report, p, failure=describe(e)[1])
             raise
     stats = _with_validation(stats, p)
     artifact = publish(stats, report, p)
     counts = {k: stats[k] for k in ("docs_in", "docs_out", "dropped") if k in stats}  # document stages only
+    if stats.get("up_to_date"):
+        log.info("%s: up to date (its code, parameters and inputs are those of the run that made its outputs, "
+                 "and they are whole): not run again", stage)
     log.info("%s: %s", stage, json.dumps(counts) if counts else f"done in {stats.get('wall_seconds')} s")
     for line in stats.get("warnings", []):
         log.warning("%s: %s", stage, line)
@@ -133,9 +136,11 @@ def watching(st: Stage, p: PipelineParams, poll_s: float = 2.0, log_s: float = 1
 
 
 def _with_validation(stats: dict, p: PipelineParams) -> dict:
-    """stats.json as validation left it (it records its result and seconds there)."""
+    """stats.json as validation left it (it records its result and seconds there), and whether the stage was
+    found up to date (run_stage says so in what it returns, not in stats.json)."""
     path = stats_path(p, stats["stage"])
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else stats
+    found = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else stats
+    return {**found, "up_to_date": True} if stats.get("up_to_date") else found
 
 
 def failed(e: Exception) -> State:

@@ -54,7 +54,7 @@ def run(stage: str, params_file: str) -> dict:
     from tasks.core.source import changed_since_loaded, loaded_code_digest
     from tasks.core.registry import PIPELINE
     from tasks.core.runner import run_stage, stage_lock
-    from tasks.validation import validate_stage
+    from tasks.validation import validation_of
 
     if stage not in PIPELINE:
         raise ConfigError(f"unknown stage {stage!r}; stages: {', '.join(PIPELINE)}")
@@ -65,13 +65,14 @@ def run(stage: str, params_file: str) -> dict:
     with naming_full_disk(params.paths.data_dir), stage_lock(params, stage):
         lifeline.guard_descendants()  # what the stage starts (sandboxed extraction, ranks) ends with it
         stats = run_stage(stage, params, validation_follows=True)
-        report = validate_stage(stage, params)
+        report = validation_of(stage, params, stats)
     code = registry.stage(stage).code
     if changed_since_loaded(code):  # a failed command is one DVC does not record in dvc.lock
         raise CodeChanged(f"stage '{stage}' ran with the code it loaded, and its code changed on disk meanwhile: "
                           f"its outputs are the old code's, so this run must not be recorded; rerun `python -m "
                           f"tasks {stage}`")
-    summary = {k: stats[k] for k in ("stage", "shards", "docs_in", "docs_out", "dropped", "warnings") if k in stats}
+    summary = {k: stats[k] for k in ("stage", "shards", "docs_in", "docs_out", "dropped", "warnings", "up_to_date")
+               if k in stats}
     if report is not None:
         summary["validation"] = {"batches": report.batches, "docs": report.docs}
     return summary

@@ -59,22 +59,23 @@ def test_a_stage_is_redone_after_a_change_to_its_code_only(tmp_path, copied_sour
     out = tmp_path / "data" / "download" / "shards"
     before = {f.name: f.read_bytes() for f in out.iterdir()}
 
-    def resumed() -> int:
+    def redone() -> int:
         source._LOADED.clear()  # each run in a new process, as `python -m tasks` and each pipeline run
-        return run_stage("download", p)["resumed_shards"]
+        st = run_stage("download", p)
+        return 0 if st.get("up_to_date") else st["shards"] - st["resumed_shards"]
 
-    assert resumed() == shards  # nothing changed: nothing redone
+    assert redone() == 0  # nothing changed: nothing redone
     stage_py = src / "tasks" / "download" / "stage.py"
     text = stage_py.read_text()
     stage_py.write_text(text.replace('"""', '"""An edited docstring. ', 1) + "\n# a comment\n")
-    assert resumed() == shards
+    assert redone() == 0
     (src / "tasks" / "extract" / "stage.py").write_text((src / "tasks" / "extract" / "stage.py").read_text()
                                                         + "\nANOTHER_STAGE = 1\n")
-    assert resumed() == shards  # another stage's code
+    assert redone() == 0  # another stage's code
     stage_py.write_text(text + "\nCHANGED = 1\n")
-    assert resumed() == 0  # its own code: every shard redone
+    assert redone() == shards  # its own code: every shard redone
     assert {f.name: f.read_bytes() for f in out.iterdir()} == before  # (this change alters no output)
-    assert resumed() == shards
+    assert redone() == 0
 
 
 def test_a_stage_whose_code_changed_after_the_run_loaded_it_does_not_start(tmp_path, copied_sources):
@@ -138,7 +139,7 @@ def validate_stage(stage, p):
     out = command()  # the next run: the new code, so download is redone
     assert out.returncode == 0, out.stderr
     source._LOADED.clear()  # and recorded as the new code's: a run after it redoes nothing
-    assert run_stage("download", p)["resumed_shards"] == shards
+    assert run_stage("download", p)["up_to_date"]
 
 
 def test_the_digest_leaves_out_what_python_versions_add_empty():

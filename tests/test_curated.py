@@ -216,7 +216,7 @@ def test_a_curated_corpus_copied_anew_is_not_converted_again(tmp_path, monkeypat
 
     def redone() -> int:
         st = run_stage("download", p)
-        return st["shards"] - st["resumed_shards"]
+        return 0 if st.get("up_to_date") else st["shards"] - st["resumed_shards"]
 
     assert redone() > 0
     later = time.time() + 100

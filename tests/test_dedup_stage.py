@@ -141,6 +141,9 @@ def test_rerun_resumes_and_a_threshold_change_redoes_only_the_later_passes(tmp_p
     lsh = {"bands": 16, "rows": 8}
     stats, _, _ = run(tmp_path, [docs[:4], docs[4:]], **lsh)
     again, _, _ = run(tmp_path, [docs[:4], docs[4:]], **lsh)
+    assert again["up_to_date"]
+    again = run_stage("dedup", parse_params({"paths": {"data_dir": str(tmp_path / "data")}, "dedup": {
+        "input_stage": "extract", "priority": ["Wiki", "Books"], **lsh}}), skip_up_to_date=False)
     assert all(x["resumed"] == (x.get("shards") or 1) for x in again["passes"])
     loose, _, aside = run(tmp_path, [docs[:4], docs[4:]], threshold=0.5, **lsh)
     assert [x["resumed"] for x in loose["passes"]] == [2, 1, 16, 0, 0, 0]  # signatures and buckets reused

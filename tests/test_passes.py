@@ -100,6 +100,7 @@ def test_kill_9_during_the_index_pass_then_rerun_is_byte_identical(tmp_path):
     assert {"index/hashes.npy", "index/meta.json", "frequent/frequent.npy"} <= set(reference)
     for f in stage_dir.rglob("*.done.json"):
         f.unlink()  # the global passes must run again; the kill lands while the index is built
+    (stage_dir / "stats.json").unlink()  # (the stage is otherwise up to date: its kept output is whole)
     killed_mid_index = 0
     for _ in range(3):
         proc = cli(tmp_path, "decontaminate")
@@ -231,7 +232,8 @@ def test_stats_name_every_pass_in_order(small_params):
         stats = run_stage(s, small_params)
     assert [p["name"] for p in stats["passes"]] == ["index", "count", "frequent", "remove"]
     assert [p["kind"] for p in stats["passes"]] == ["global", "sharded", "global", "sharded"]
-    again = run_stage("decontaminate", small_params)
+    assert run_stage("decontaminate", small_params)["up_to_date"]
+    again = run_stage("decontaminate", small_params, skip_up_to_date=False)
     assert all(p["resumed"] == (p.get("shards") or 1) for p in again["passes"])
     assert json.loads((Path(small_params.paths.data_dir) / "decontaminate/stats.json").read_text())["passes"] == again["passes"]
     p = parse_params(small_raw(Path(small_params.paths.data_dir).parent / "data",

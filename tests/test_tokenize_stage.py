@@ -102,7 +102,8 @@ def test_datasets_open_in_megatron_and_samples_follow_the_blend(tmp_path):
 
 def test_rerun_resumes_and_a_fresh_run_gives_the_same_bytes(tmp_path):
     _, p = run(tmp_path / "a")
-    again = run_stage("tokenize", p)
+    assert run_stage("tokenize", p)["up_to_date"]
+    again = run_stage("tokenize", p, skip_up_to_date=False)
     assert again["resumed_shards"] == 2
     run(tmp_path / "b")
     for sub in ("datasets", "blend", "tokenizer"):

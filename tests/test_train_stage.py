@@ -52,7 +52,8 @@ def test_train_stage_trains_checkpoints_exports_and_validates(blended):
     assert stats["profile"] == "sample" and [r["profile"] for r in stats["profiles"]] == ["sample"]
     report = validate_stage("train", p)
     assert report.success
-    again = run_stage("train", p)
+    assert run_stage("train", p)["up_to_date"], "same blend and params: nothing retrained"
+    again = run_stage("train", p, skip_up_to_date=False)
     assert again["passes"][0]["resumed"] == 1, "same blend and params: nothing retrained"
     # a checkpoint changed at the same size (a disk error) is not evaluated: evaluate names the file
     shard = model / "checkpoint/stage-0.safetensors"

@@ -24,6 +24,7 @@ from tasks.core.passes import (PassLayout, Shard, atomic_write_text, digest, mer
 from tasks.core.source import changed_since_loaded, loaded_code_digest
 from tasks.core.stage import (Context, GlobalPass, ShardedPass, Stage, changed_input, check_input_passes,
                               check_input_shards, input_shard_files)
+from tasks.core.uptodate import check_declared, outputs_digest, stage_key, up_to_date
 
 MapShards = Callable[[str, str, PipelineParams, list[Shard], Context], list[dict]]
 
@@ -105,10 +106,12 @@ def stage_lock(p: PipelineParams, name: str) -> Iterator[None]:
             fh.close()
 
 
-def _run_sharded(st: Stage, ps: ShardedPass, p: PipelineParams, ctx: Context, map_shards: MapShards):
+def _run_sharded(st: Stage, ps: ShardedPass, p: PipelineParams, ctx: Context, map_shards: MapShards,
+                 declared: set[Path]):
     layout = PassLayout(st.pass_root(p.paths.data_dir, ps))
     layout.prepare()
     shards = ps.plan(p, ctx)
+    check_declared(st, ps.name, [i for s in shards for i in s.inputs], p.paths.data_dir, ctx.input_stage, declared)
     parts = map_shards(st.name, ps.name, p, shards, ctx)
     prune(layout, shards)
     failed = [x["failed"] for x in parts if x.get("failed")]
@@ -121,9 +124,10 @@ def _run_sharded(st: Stage, ps: ShardedPass, p: PipelineParams, ctx: Context, ma
     return shards, parts, shards_digest(parts, shards), summary
 
 
-def _run_global(st: Stage, ps: GlobalPass, p: PipelineParams, ctx: Context):
+def _run_global(st: Stage, ps: GlobalPass, p: PipelineParams, ctx: Context, declared: set[Path]):
     out = st.pass_root(p.paths.data_dir, ps)
     inputs = ps.inputs(p, ctx)
+    check_declared(st, ps.name, inputs, p.paths.data_dir, ctx.input_stage, declared)
     fp = digest([ps.params(p), inputs, input_stat(inputs), ctx.upstream()])
     with naming_changed_input(ctx, lambda: input_shard_files(ctx)):
         res = run_global(out, out.with_name(f"{out.name}.done.json"), lambda tmp: ps.build(tmp, p, ctx), fp)
@@ -132,10 +136,14 @@ def _run_global(st: Stage, ps: GlobalPass, p: PipelineParams, ctx: Context):
 
 
 def run_stage(name: str, p: PipelineParams, map_shards: MapShards = map_sequential,
-              validation_follows: bool = False) -> dict:
+              validation_follows: bool = False, skip_up_to_date: bool = True) -> dict:
     """Run the stage's passes and write its stats.json. `validation_follows`: the caller validates the
     output next (the CLI, the Prefect flows), so stats.json says the validation is pending until it is
-    recorded, and a run killed in between is not taken as a validated input."""
+    recorded, and a run killed in between is not taken as a validated input.
+
+    A stage found up to date (tasks.core.uptodate) is not run: its stats.json stays as it is, and what is
+    returned is that, with `up_to_date: true`. `skip_up_to_date=False` walks the passes all the same (each
+    resumes where its markers allow): for a check of the intermediate passes."""
     st = registry.stage(name)
     input_stage = st.input(p)
     before = Context(name, str(p.paths.data_dir), input_stage)
@@ -152,11 +160,17 @@ def run_stage(name: str, p: PipelineParams, map_shards: MapShards = map_sequenti
     if changed_since_loaded(st.code):  # its code not yet imported would be the new one: a mix, never recorded
         raise CodeChanged(f"stage '{name}' cannot start: its code changed on disk after this run loaded it, and "
                           f"it would run a mix of old and new code: rerun")
-    root = Path(p.paths.data_dir) / name
-    root.mkdir(parents=True, exist_ok=True)
-    stats_path(p, name).unlink(missing_ok=True)  # not complete until this run writes it again
     run = uuid.uuid4().hex
     recorded_for(run, p.paths.data_dir)
+    other = st.other_inputs(p, before)
+    key = stage_key(st, p, replace(before, code=code), registry.stage(input_stage) if input_stage else None, other)
+    root = Path(p.paths.data_dir) / name
+    if skip_up_to_date and (kept := up_to_date(st, stats_path(p, name), key, p.paths.data_dir)) is not None:
+        _restore_plots(st, root, kept)
+        return {**kept, "up_to_date": True}
+    declared = {Path(f).resolve() for f in other}
+    root.mkdir(parents=True, exist_ok=True)
+    stats_path(p, name).unlink(missing_ok=True)  # not complete until this run writes it again
     remove_leftovers(root)
     start = time.perf_counter()
     passes, reports, docs = [], {}, None
@@ -165,10 +179,10 @@ def run_stage(name: str, p: PipelineParams, map_shards: MapShards = map_sequenti
         for ps in st.passes:
             t0 = time.perf_counter()
             if isinstance(ps, ShardedPass):
-                shards, parts, dig, summary = _run_sharded(st, ps, p, ctx, map_shards)
+                shards, parts, dig, summary = _run_sharded(st, ps, p, ctx, map_shards, declared)
                 docs = (shards, parts)  # the last sharded pass's documents are the stage's counts
             else:
-                report, dig, summary = _run_global(st, ps, p, ctx)
+                report, dig, summary = _run_global(st, ps, p, ctx, declared)
                 reports.update(report)
             passes.append({"name": ps.name, **summary, "seconds": round(time.perf_counter() - t0, 3)})
             ctx = replace(ctx, digests={**ctx.digests, ps.name: dig})
@@ -184,13 +198,20 @@ def run_stage(name: str, p: PipelineParams, map_shards: MapShards = map_sequenti
         stats.update(st.report(stats))
     if st.warnings is not None and (warnings := st.warnings(stats, p)):
         stats["warnings"] = warnings
-    if st.plot_files is not None:
-        for rel, text in st.plot_files(stats).items():
-            atomic_write_text(root / rel, text)
+    _restore_plots(st, root, stats)
+    stats["fingerprint"] = {"stage": key, "outputs": outputs_digest(st, p.paths.data_dir)}
     if validation_follows and st.suite is not None:
         stats["validation"] = {"success": None, "pending": True}
     atomic_write_text(stats_path(p, name), json.dumps(stats, indent=2, sort_keys=True) + "\n")
     return stats
+
+
+def _restore_plots(st: Stage, root: Path, stats: dict) -> None:
+    """The files made from the stats (for `dvc plots`), written where they differ or are missing."""
+    for rel, text in (st.plot_files(stats) if st.plot_files is not None else {}).items():
+        path = root / rel
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            atomic_write_text(path, text)
 
 
 def adopt_outputs(p: PipelineParams, stage: str) -> dict:

@@ -224,6 +224,13 @@ class Stage:
     # what the finished run suggests is a mistake without being wrong (a parameter naming a dataset the
     # data does not have): stats.json `warnings`, printed by the CLI, logged and shown by the flows
     warnings: Callable[[dict, PipelineParams], list[str]] | None = None
+    # the passes besides the output pass that DVC keeps (dvc.yaml outs, with their markers): what a `dvc pull`
+    # brings back, and what must be whole for the stage to be up to date (tasks.core.uptodate)
+    kept: tuple[str, ...] = ()
+    # the files it reads besides its input stage's outputs and its own passes' (the task files, a user's
+    # tokenizer, model or corpus, another stage's output): part of its key; a pass reading an undeclared one
+    # is refused (tasks.core.uptodate.check_declared)
+    other_inputs: Callable[[PipelineParams, Context], list[str]] = lambda p, ctx: []
     # it reads its input over the network (download: the sample stands in for Common Crawl's servers,
     # whose files may fail or change, which the stage itself handles), not from the input's files: the
     # runner does not check them against the input stage's markers
@@ -233,6 +240,8 @@ class Stage:
         names = [p.name for p in self.passes]
         if not names or len(set(names)) != len(names) or {"shards", "completions"} & set(names):
             raise ValueError(f"stage {self.name}: passes need unique names other than shards/completions")
+        if set(self.kept) - set(names[:-1]):
+            raise ValueError(f"stage {self.name}: kept names a pass it does not have before its output pass")
         if not self.code:
             raise ValueError(f"stage {self.name}: declare its source folders (code=...)")
 

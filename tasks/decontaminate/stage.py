@@ -52,6 +52,7 @@ STAGE = Stage(
     ),
     suite="tasks.validation.decontaminate",
     report=report,
+    other_inputs=lambda p, ctx: task_files(p.paths.benchmarks_dir),
 )
 
 

@@ -63,4 +63,5 @@ STAGE = Stage(
     ),
     suite="tasks.validation.dedup",
     warnings=warnings,
+    kept=("aside",),  # dvc.yaml outs
 )

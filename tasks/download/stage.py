@@ -82,10 +82,16 @@ def plan(p: PipelineParams, ctx: Context) -> list[Shard]:
         shards.append(Shard(name=f"warc-{name}", inputs=inputs, output=name))
     sources = [(str(f), None, str(f.parent)) for f in curated_files(SAMPLE.outputs(p.paths.data_dir))] \
         if p.download.source == "sample" else []
+    return shards + curated_shards(sources + users_curated(p))
+
+
+def users_curated(p: PipelineParams) -> list[CuratedFile]:
+    """The files of `download.curated` (a glob matching nothing stands for itself: refused as missing)."""
+    sources = []
     for c in p.download.curated:
         matches = sorted(glob.glob(c.path)) or [c.path]
         sources += [CuratedFile(m, c.dataset, fixed_root(c.path), c.text_field) for m in matches]
-    return shards + curated_shards(sources)
+    return sources
 
 
 def process(shard: Shard, tmp: Path, p: PipelineParams, ctx: Context) -> ShardStats:
@@ -122,4 +128,5 @@ STAGE = Stage(
     environment=environment,
     input_is_remote=True,
     warnings=warnings,
+    other_inputs=lambda p, ctx: [c.path for c in users_curated(p)],
 )

@@ -19,10 +19,13 @@ def model_files(ctx: Context) -> tuple[Path, Path]:
     return data / "train" / "model" / "checkpoint", data / "tokenize" / "tokenizer" / "tokenizer.json"
 
 
+def _other_inputs(p: PipelineParams, ctx: Context) -> list[str]:
+    """The tokenizer (tokenize's output, not the input stage's) and the task files."""
+    return [str(model_files(ctx)[1]), *task_files(p.paths.benchmarks_dir)]
+
+
 def _inputs(p: PipelineParams, ctx: Context) -> list[str]:
-    checkpoint, tokenizer = model_files(ctx)
-    return [*(str(f) for f in sorted(checkpoint.glob("*")) if f.is_file()), str(tokenizer),
-            *task_files(p.paths.benchmarks_dir)]
+    return [*(str(f) for f in sorted(model_files(ctx)[0].glob("*")) if f.is_file()), *_other_inputs(p, ctx)]
 
 
 def build_results(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
@@ -64,4 +67,5 @@ STAGE = Stage(
     suite="tasks.validation.evaluate",
     cites_lineage=True,
     check=check_tasks,
+    other_inputs=_other_inputs,
 )

@@ -83,4 +83,6 @@ STAGE = Stage(
     plot_files=plot_files,
     warnings=warnings,
     check=check_classifier_names,
+    kept=("classifier", "aside"),  # dvc.yaml outs
+    other_inputs=classifier_inputs,  # a model trained earlier
 )

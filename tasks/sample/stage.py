@@ -23,4 +23,5 @@ STAGE = Stage(
     doc="Generate the built-in mini-crawl (Common Crawl layout) and its ground truth.",
     passes=(GlobalPass("corpus", build=_build, params=_params,
                        inputs=lambda p, ctx: task_files(p.paths.benchmarks_dir)),),
+    other_inputs=lambda p, ctx: task_files(p.paths.benchmarks_dir),
 )

@@ -58,12 +58,14 @@ def _tokenizer_params(p: PipelineParams) -> dict:
             "min_frequency": t.min_frequency, "train_max_docs": t.train_max_docs}
 
 
+def _user_tokenizer(p: PipelineParams, ctx: Context) -> list[str]:
+    t = p.tokenize
+    return [t.tokenizer_file] + ([t.merges_file] if t.merges_file else []) if t.tokenizer_file else []
+
+
 def _tokenizer_inputs(p: PipelineParams, ctx: Context) -> list[str]:
     """A user's files, or the input shards the tokenizer is trained on (their content is fingerprinted)."""
-    t = p.tokenize
-    if t.tokenizer_file:
-        return [t.tokenizer_file] + ([t.merges_file] if t.merges_file else [])
-    return [str(f) for f in input_files(ctx)]
+    return _user_tokenizer(p, ctx) or [str(f) for f in input_files(ctx)]
 
 
 def _blend_params(p: PipelineParams) -> dict:
@@ -84,4 +86,6 @@ STAGE = Stage(
         GlobalPass("blend", build=build_blend, params=_blend_params),
     ),
     suite="tasks.validation.tokenize",
+    kept=("tokenizer", "datasets"),  # dvc.yaml outs: what train reads
+    other_inputs=_user_tokenizer,
 )
