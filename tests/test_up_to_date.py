@@ -133,3 +133,18 @@ def test_kept_passes_are_what_dvc_keeps():
             folder = str(st.pass_root("data", ps))
             tracked = folder in outs[st.name] or (isinstance(ps, ShardedPass) and f"{folder}/shards" in outs[st.name])
             assert tracked == (ps.name in kept), f"{st.name}.{ps.name}: kept {ps.name in kept}, in dvc.yaml {tracked}"
+
+
+def test_a_changed_suite_runs_the_stage_and_its_validation_again(deduped, copied_sources):
+    from tasks.core import source
+    from tasks.validation import validation_of
+
+    st = run_stage("filter", deduped, validation_follows=True)
+    assert st["up_to_date"] and "validation" not in st  # the fixture's run was not validated: validated now
+    assert validation_of("filter", deduped, st).success
+    st = run_stage("filter", deduped, validation_follows=True)
+    assert st["up_to_date"] and validation_of("filter", deduped, st).seconds == st["validation_seconds"]  # recorded
+    suite = copied_sources / "tasks/validation/filter.py"
+    suite.write_text(suite.read_text() + "\nCHANGED = 1\n")
+    source._LOADED.clear()  # a new process
+    assert "up_to_date" not in run_stage("filter", deduped, validation_follows=True)

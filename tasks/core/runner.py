@@ -26,6 +26,8 @@ from tasks.core.stage import (Context, GlobalPass, ShardedPass, Stage, changed_i
                               check_input_shards, input_shard_files)
 from tasks.core.uptodate import check_declared, outputs_digest, stage_key, up_to_date
 
+VALIDATION_CODE = "tasks/validation"  # every suite and what they share: part of a validated stage's key
+
 MapShards = Callable[[str, str, PipelineParams, list[Shard], Context], list[dict]]
 
 
@@ -163,7 +165,9 @@ def run_stage(name: str, p: PipelineParams, map_shards: MapShards = map_sequenti
     run = uuid.uuid4().hex
     recorded_for(run, p.paths.data_dir)
     other = st.other_inputs(p, before)
-    key = stage_key(st, p, replace(before, code=code), registry.stage(input_stage) if input_stage else None, other)
+    suites = loaded_code_digest((VALIDATION_CODE,)) if st.suite is not None else ""
+    key = stage_key(st, p, replace(before, code=f"{code}+{suites}"), registry.stage(input_stage) if input_stage else None,
+                    other)
     root = Path(p.paths.data_dir) / name
     if skip_up_to_date and (kept := up_to_date(st, stats_path(p, name), key, p.paths.data_dir)) is not None:
         _restore_plots(st, root, kept)

@@ -7,7 +7,9 @@ and scores). After a `dvc pull` or checkout those are missing, and walking the p
 (at scale, hours over the whole corpus) only to find the output pass's markers matching.
 
 The stage's key (stats.json `fingerprint.stage`) is a digest of
-- the stage's code (tasks.core.source) and every pass's parameters;
+- the stage's code (tasks.core.source), its validation suites' code (a changed suite runs the stage and
+  validates it again: a suite may read intermediate passes, which a pulled stage lacks) and every pass's
+  parameters;
 - its input stage's name and every file of that stage's kept passes, by the identity its passes use
   (tasks.core.identity: by the sha256 the writing pass recorded while the file is no newer than that
   record, else by its own sha256, remembered);
