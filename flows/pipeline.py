@@ -21,7 +21,7 @@ from tasks.core.config import PipelineParams, load_params
 from tasks.core.errors import ConfigError, describe, exit_code_of
 from tasks.core import interrupts, registry
 from tasks.core.registry import PIPELINE
-from tasks.core.runner import stats_path
+from tasks.core.runner import VALIDATION_CODE, stats_path
 from tasks.core.source import loaded_code_digest
 
 
@@ -45,6 +45,7 @@ def pretraining_pipeline(params: PipelineParams = DEFAULT_PARAMS, params_file: s
         chosen = [s for s in PIPELINE if not stages or s in stages]
         for s in chosen:  # the code as loaded now, before a long run gives time to edit it (tasks.core.source)
             loaded_code_digest(registry.stage(s).code)
+        loaded_code_digest((VALIDATION_CODE,))
         for i, s in enumerate(chosen):
             if registry.stage(s).cites_lineage and i:  # its provenance reads dvc.lock: record what is done
                 get_run_logger().info(record_in_dvc(chosen[:i], p))

@@ -27,7 +27,7 @@ from tasks.core.passes import Shard
 from tasks.core.registry import STAGES
 from tasks.core.runner import process_shard, run_stage, stage_lock, stats_path
 from tasks.core.stage import Context, Stage
-from tasks.validation import ExpectationFailed, validation_of
+from tasks.validation import ExpectationFailed, recorded_validation_stands, validation_of
 
 
 @task(name="shard", task_run_name="{stage}.{pass_name}:{shard.name}", cache_policy=NO_CACHE, persist_result=False)
@@ -75,7 +75,8 @@ def run_stage_flow(stage: str, p: PipelineParams) -> dict:
         os.environ["PREFECT__FLOW_RUN_ID"] = str(flow_run.id)
     with naming_full_disk(p.paths.data_dir), stage_lock(p, stage):
         with watching(next(st for st in STAGES if st.name == stage), p):
-            stats = run_stage(stage, p, map_shards=map_with_prefect, validation_follows=True)
+            stats = run_stage(stage, p, map_shards=map_with_prefect, validation_follows=True,
+                              skip_up_to_date=recorded_validation_stands(stage, p))
         try:
             report = validation_of(stage, p, stats)
         except ExpectationFailed as e:
@@ -86,8 +87,9 @@ def run_stage_flow(stage: str, p: PipelineParams) -> dict:
     counts = {k: stats[k] for k in ("docs_in", "docs_out", "dropped") if k in stats}  # document stages only
     if stats.get("up_to_date"):
         log.info("%s: up to date (its code, parameters and inputs are those of the run that made its outputs, "
-                 "and they are whole): not run again", stage)
-    log.info("%s: %s", stage, json.dumps(counts) if counts else f"done in {stats.get('wall_seconds')} s")
+                 "and they are whole): not run again%s", stage, f"; {json.dumps(counts)}" if counts else "")
+    else:
+        log.info("%s: %s", stage, json.dumps(counts) if counts else f"done in {stats.get('wall_seconds')} s")
     for line in stats.get("warnings", []):
         log.warning("%s: %s", stage, line)
     return {**stats, "artifact": str(artifact)}

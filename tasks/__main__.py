@@ -54,17 +54,20 @@ def run(stage: str, params_file: str) -> dict:
     from tasks.core.source import changed_since_loaded, loaded_code_digest
     from tasks.core.registry import PIPELINE
     from tasks.core.runner import run_stage, stage_lock
-    from tasks.validation import validation_of
+    from tasks.core.runner import VALIDATION_CODE
+    from tasks.validation import recorded_validation_stands, validation_of
 
     if stage not in PIPELINE:
         raise ConfigError(f"unknown stage {stage!r}; stages: {', '.join(PIPELINE)}")
     loaded_code_digest(registry.stage(stage).code)  # imported above: the code it runs (input checks take time)
+    loaded_code_digest((VALIDATION_CODE,))
     params = load_params(params_file)
     # the limit after Ctrl-C: a shard blocked in a stalled download needs up to its timeout
     interrupts.install(interrupts.EXIT_WITHIN_S + params.download.timeout_s)
     with naming_full_disk(params.paths.data_dir), stage_lock(params, stage):
         lifeline.guard_descendants()  # what the stage starts (sandboxed extraction, ranks) ends with it
-        stats = run_stage(stage, params, validation_follows=True)
+        stats = run_stage(stage, params, validation_follows=True,
+                          skip_up_to_date=recorded_validation_stands(stage, params))
         report = validation_of(stage, params, stats)
     code = registry.stage(stage).code
     if changed_since_loaded(code):  # a failed command is one DVC does not record in dvc.lock

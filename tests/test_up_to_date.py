@@ -119,6 +119,16 @@ def test_a_pass_reading_a_file_its_stage_does_not_declare_is_refused(small_param
     with pytest.raises(RuntimeError, match="pass 'corpus' reads .*, which is neither in its input stage's folder "
                                            "nor among the files the stage declares it reads"):
         run_stage("sample", small_params)
+    # a file that appeared after the stage listed its inputs (a task file added meanwhile) is listed again
+    calls = []
+
+    def listed(p, ctx):
+        calls.append(1)
+        return sample.other_inputs(p, ctx) if len(calls) > 1 else []
+
+    monkeypatch.setitem(registry._BY_NAME, "sample", dataclasses.replace(sample, other_inputs=listed))
+    run_stage("sample", small_params)
+    assert len(calls) == 2
 
 
 def test_kept_passes_are_what_dvc_keeps():
@@ -148,3 +158,52 @@ def test_a_changed_suite_runs_the_stage_and_its_validation_again(deduped, copied
     suite.write_text(suite.read_text() + "\nCHANGED = 1\n")
     source._LOADED.clear()  # a new process
     assert "up_to_date" not in run_stage("filter", deduped, validation_follows=True)
+
+
+def test_a_validation_parameter_is_part_of_the_key(deduped):
+    """filter's suite bounds the classifier's kept fraction with parameters no pass reads."""
+    assert run_stage("filter", deduped)["up_to_date"]
+    strict = parse_params(small_raw(Path(deduped.paths.data_dir), filter={"classifier": {"min_kept": 0.99}}))
+    assert "up_to_date" not in run_stage("filter", strict)
+
+
+def cli(root: Path, stage: str) -> dict:
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+    out = subprocess.run([sys.executable, "-m", "tasks", stage], cwd=root, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=600)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_command_keeps_a_recorded_validation_only_where_it_stands(deduped, tmp_path):
+    import yaml
+
+    data = Path(deduped.paths.data_dir)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(small_raw(data)))
+    assert "up_to_date" not in cli(tmp_path, "filter")  # run without validation (the fixture): validated now
+    stats = (data / "filter/stats.json").read_bytes()
+    assert json.loads(stats)["validation"]["success"] is True
+    assert cli(tmp_path, "filter")["up_to_date"] and (data / "filter/stats.json").read_bytes() == stats
+    for name in ("rules", "score"):  # a `dvc pull`: the kept outputs, not the passes the suite reads
+        shutil.rmtree(data / "filter" / name)
+    assert cli(tmp_path, "filter")["up_to_date"] and not (data / "filter/rules").exists()
+    shutil.rmtree(data / "docs/filter")  # a DVC output: its stage is run and validated again
+    out = cli(tmp_path, "filter")
+    assert "up_to_date" not in out and out["validation"]["batches"] > 0 and (data / "docs/filter/index.html").is_file()
+    assert (data / "filter/rules").is_dir()
+
+
+def test_inputs_through_links_lie_in_their_stage(deduped, tmp_path):
+    """A DVC symlink cache, or a shards folder on another disk: the input stage's files are links."""
+    data = Path(deduped.paths.data_dir)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for f in sorted((data / "extract/shards").iterdir()):
+        shutil.move(f, elsewhere / f.name)
+        f.symlink_to(elsewhere / f.name)
+    other = parse_params(small_raw(data, filter={"gopher_quality": {"min_words": 60}}))
+    st = run_stage("filter", other)
+    assert "up_to_date" not in st and st["docs_out"] > 0

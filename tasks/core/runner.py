@@ -24,7 +24,7 @@ from tasks.core.passes import (PassLayout, Shard, atomic_write_text, digest, mer
 from tasks.core.source import changed_since_loaded, loaded_code_digest
 from tasks.core.stage import (Context, GlobalPass, ShardedPass, Stage, changed_input, check_input_passes,
                               check_input_shards, input_shard_files)
-from tasks.core.uptodate import check_declared, outputs_digest, stage_key, up_to_date
+from tasks.core.uptodate import DeclaredInputs, outputs_digest, stage_key, up_to_date
 
 VALIDATION_CODE = "tasks/validation"  # every suite and what they share: part of a validated stage's key
 
@@ -109,11 +109,11 @@ def stage_lock(p: PipelineParams, name: str) -> Iterator[None]:
 
 
 def _run_sharded(st: Stage, ps: ShardedPass, p: PipelineParams, ctx: Context, map_shards: MapShards,
-                 declared: set[Path]):
+                 declared: DeclaredInputs):
     layout = PassLayout(st.pass_root(p.paths.data_dir, ps))
     layout.prepare()
     shards = ps.plan(p, ctx)
-    check_declared(st, ps.name, [i for s in shards for i in s.inputs], p.paths.data_dir, ctx.input_stage, declared)
+    declared.check(ps.name, [i for s in shards for i in s.inputs])
     parts = map_shards(st.name, ps.name, p, shards, ctx)
     prune(layout, shards)
     failed = [x["failed"] for x in parts if x.get("failed")]
@@ -126,10 +126,10 @@ def _run_sharded(st: Stage, ps: ShardedPass, p: PipelineParams, ctx: Context, ma
     return shards, parts, shards_digest(parts, shards), summary
 
 
-def _run_global(st: Stage, ps: GlobalPass, p: PipelineParams, ctx: Context, declared: set[Path]):
+def _run_global(st: Stage, ps: GlobalPass, p: PipelineParams, ctx: Context, declared: DeclaredInputs):
     out = st.pass_root(p.paths.data_dir, ps)
     inputs = ps.inputs(p, ctx)
-    check_declared(st, ps.name, inputs, p.paths.data_dir, ctx.input_stage, declared)
+    declared.check(ps.name, inputs)
     fp = digest([ps.params(p), inputs, input_stat(inputs), ctx.upstream()])
     with naming_changed_input(ctx, lambda: input_shard_files(ctx)):
         res = run_global(out, out.with_name(f"{out.name}.done.json"), lambda tmp: ps.build(tmp, p, ctx), fp)
@@ -172,7 +172,7 @@ def run_stage(name: str, p: PipelineParams, map_shards: MapShards = map_sequenti
     if skip_up_to_date and (kept := up_to_date(st, stats_path(p, name), key, p.paths.data_dir)) is not None:
         _restore_plots(st, root, kept)
         return {**kept, "up_to_date": True}
-    declared = {Path(f).resolve() for f in other}
+    declared = DeclaredInputs(st, p.paths.data_dir, input_stage, other, lambda: st.other_inputs(p, before))
     root.mkdir(parents=True, exist_ok=True)
     stats_path(p, name).unlink(missing_ok=True)  # not complete until this run writes it again
     remove_leftovers(root)

@@ -8,14 +8,16 @@ and scores). After a `dvc pull` or checkout those are missing, and walking the p
 
 The stage's key (stats.json `fingerprint.stage`) is a digest of
 - the stage's code (tasks.core.source), its validation suites' code (a changed suite runs the stage and
-  validates it again: a suite may read intermediate passes, which a pulled stage lacks) and every pass's
-  parameters;
+  validates it again: a suite may read intermediate passes, which a pulled stage lacks), every pass's
+  parameters and the stage's whole params section (its suite reads some that no pass does: filter's
+  kept-fraction bounds, dedup's recheck sample);
 - its input stage's name and every file of that stage's kept passes, by the identity its passes use
   (tasks.core.identity: by the sha256 the writing pass recorded while the file is no newer than that
   record, else by its own sha256, remembered);
 - every other file it reads (Stage.other_inputs: the task files, a user's tokenizer, model or corpus,
-  another stage's output), by path and identity. The runner refuses a pass input that is neither
-  (check_declared), so whatever a pass's fingerprint counts, the key counts.
+  another stage's output), by path (relative to the data folder where it lies in it) and identity. The
+  runner refuses a pass input that is neither (DeclaredInputs), so whatever a pass's fingerprint counts,
+  the key counts.
 
 `fingerprint.outputs` binds stats.json to the outputs it describes: a digest of the kept passes' markers.
 A stage is skipped when its stats.json records the same key, no failed shards and no failed or pending
@@ -24,7 +26,9 @@ marker records (no file missing, added or changed).
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Callable
 
 from tasks.core.config import PipelineParams
 from tasks.core.identity import input_stat, read_json, records_by_output
@@ -63,8 +67,14 @@ def stage_key(st: Stage, p: PipelineParams, ctx: Context, source: Stage | None, 
     for ps in kept_passes(source) if source is not None else []:
         files = pass_files(source, data, ps)
         inputs.append([ps.name, sorted(files), input_stat([str(f) for f in files.values()])])
-    return digest([ctx.code, [[ps.name, ps.params(p)] for ps in st.passes], ctx.input_stage, inputs,
-                   other, input_stat(other)])
+    section = p.model_dump(mode="json")[st.section]
+    where = [os.path.relpath(f, data) if _under(f, data) else f for f in other]
+    return digest([ctx.code, [[ps.name, ps.params(p)] for ps in st.passes], section, ctx.input_stage, inputs,
+                   where, input_stat(other)])
+
+
+def _under(path: str | Path, folder: str | Path) -> bool:
+    return Path(os.path.abspath(path)).is_relative_to(os.path.abspath(folder))
 
 
 def outputs_digest(st: Stage, data_dir: str | Path) -> str | None:
@@ -104,17 +114,34 @@ def up_to_date(st: Stage, stats_file: Path, key: str, data_dir: str | Path) -> d
     return stats
 
 
-def check_declared(st: Stage, pass_name: str, paths, data_dir: str | Path, input_stage: str | None,
-                   declared: set[Path]) -> None:
-    """A pass's local input files must lie in its own stage's folder or its input stage's, or be among
-    the stage's declared other inputs: the stage's key (above) counts only those. A pass reading an
-    undeclared file is a mistake in the stage's declaration, refused on every run, not only in tests."""
-    roots = [(Path(data_dir) / s).resolve() for s in (st.name, input_stage) if s is not None]
-    for i in paths:
-        f = Path(i)
-        if "://" in i or not f.exists():
-            continue  # a URL, or a path on the remote server: counted by name, as the passes count it
-        r = f.resolve()
-        if r not in declared and not any(r.is_relative_to(root) for root in roots):
-            raise RuntimeError(f"stage '{st.name}': pass '{pass_name}' reads {i}, which is neither in its input "
-                               f"stage's folder nor among the files the stage declares it reads (Stage.other_inputs)")
+def _forms(path: str | Path) -> set[Path]:
+    """A path as written (absolute) and with its links resolved: a file of a DVC symlink cache, or a shards
+    folder linked to another disk, lies in its stage's folder by the first and elsewhere by the second."""
+    return {Path(os.path.abspath(path)), Path(path).resolve()}
+
+
+class DeclaredInputs:
+    """Where a stage's passes may read: its own folder, its input stage's, and its declared other inputs
+    (Stage.other_inputs), which the stage's key counts. A pass reading anything else is a mistake in the
+    stage's declaration, refused on every run, not only in tests."""
+
+    def __init__(self, st: Stage, data_dir: str | Path, input_stage: str | None, other: list[str],
+                 listed_again: Callable[[], list[str]]):
+        self.st, self.listed_again = st, listed_again
+        self.roots = set().union(*(_forms(Path(data_dir) / s) for s in (st.name, input_stage) if s is not None))
+        self.files = set().union(*map(_forms, other))
+
+    def _declared(self, path: str) -> bool:
+        forms = _forms(path)
+        return bool(forms & self.files) or any(f.is_relative_to(root) for f in forms for root in self.roots)
+
+    def check(self, pass_name: str, paths) -> None:
+        for i in paths:
+            if "://" in i or not Path(i).exists():
+                continue  # a URL, or a path on the remote server: counted by name, as the passes count it
+            if not self._declared(i):  # a task file or curated match that appeared since they were listed?
+                self.files |= set().union(*map(_forms, self.listed_again()))
+            if not self._declared(i):
+                raise RuntimeError(f"stage '{self.st.name}': pass '{pass_name}' reads {i}, which is neither in its "
+                                   f"input stage's folder nor among the files the stage declares it reads "
+                                   f"(Stage.other_inputs)")

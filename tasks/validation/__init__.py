@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tasks.core import registry
 from tasks.core.config import PipelineParams
+from tasks.core.identity import read_json
 from tasks.core.passes import atomic_write_text
 from tasks.core.runner import stats_path
 from tasks.validation.runner import ExpectationFailed, ValidationReport, run_suite
@@ -35,6 +36,23 @@ def validate_stage(stage: str, p: PipelineParams, raise_on_failure: bool = True)
     return report
 
 
+def docs_index(p: PipelineParams, stage: str) -> Path:
+    """The stage's Data Docs page (run_suite writes one site per stage under <data_dir>/docs)."""
+    return Path(p.paths.data_dir) / "docs" / stage / "index.html"
+
+
+def recorded_validation_stands(stage: str, p: PipelineParams) -> bool:
+    """Whether a stage found up to date may keep the validation its stats.json records instead of being
+    validated again: it has no suite, or that validation passed and its Data Docs site is there (a DVC
+    output: without it `dvc repro` and the pipeline's `dvc commit` fail). Otherwise the caller runs the
+    stage all the same (run_stage's skip_up_to_date=False: its passes resume, and the intermediate passes a
+    suite reads, which a `dvc pull` does not bring, are made again) and validates it."""
+    if registry.stage(stage).suite is None:
+        return True
+    v = (read_json(stats_path(p, stage)) or {}).get("validation") or {}
+    return v.get("success") is True and docs_index(p, stage).is_file()
+
+
 def validation_of(stage: str, p: PipelineParams, stats: dict) -> ValidationReport | None:
     """The stage's validation, given what run_stage returned: run now; or, for a stage found up to date whose
     outputs passed their validation (stats.json records the result), that record: its outputs are the ones
@@ -42,7 +60,8 @@ def validation_of(stage: str, p: PipelineParams, stats: dict) -> ValidationRepor
     passes that a `dvc pull` does not bring back."""
     v = stats.get("validation") or {}
     if stats.get("up_to_date") and v.get("success") is True:
-        return ValidationReport(stage, v.get("batches", 0), v.get("expectations", 0), [], v.get("docs", ""),
+        return ValidationReport(stage, v.get("batches", 0), v.get("expectations", 0), [],
+                                str(docs_index(p, stage).resolve()),  # here, not where it was validated
                                 stats.get("validation_seconds", 0.0), v.get("results", []))
     return validate_stage(stage, p)
 
@@ -59,4 +78,4 @@ def record_validation(p: PipelineParams, stage: str, report: ValidationReport) -
     atomic_write_text(path, json.dumps(stats, indent=2, sort_keys=True) + "\n")
 
 
-__all__ = ["ExpectationFailed", "ValidationReport", "validate_stage", "validation_of"]
+__all__ = ["ExpectationFailed", "ValidationReport", "recorded_validation_stands", "validate_stage", "validation_of"]
