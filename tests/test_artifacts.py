@@ -29,3 +29,16 @@ def test_the_summary_reads_a_stage_stopped_before_its_validation():
     assert "| passed |" in lines[4] and "| **failed** (2 failures) |" in lines[5]
     assert "| not run |" in lines[6] and "**I/O error: No space left on device (ENOSPC)" in lines[6]
     assert lines[7].split("|")[6] == " - "
+
+
+def test_a_stage_found_up_to_date_says_so_and_its_key_is_no_metric():
+    from flows.artifacts import summary_markdown
+    stats = {"stage": "dedup", "docs_in": 3, "wall_seconds": 41.5, "up_to_date": True,
+             "fingerprint": {"stage": "ab12", "outputs": "cd34"}}
+    head, table = stats_markdown(stats, None, parse_params({})).split("| metric | value |")
+    assert "**Up to date:** not run again" in head and "The figures below are from that run" in head
+    assert "fingerprint" not in table and "up to date" not in table
+    rows = [{"stage": "dedup", "stats": stats}, {"stage": "extract", "stats": {**stats, "up_to_date": False}}]
+    lines = summary_markdown(rows, parse_params({}), "completed").splitlines()
+    assert lines[4].split("|")[5] == " up to date " and lines[5].split("|")[5] == " 41.5 "
+    assert "Up to date" not in stats_markdown({**stats, "up_to_date": False}, None, parse_params({}))
