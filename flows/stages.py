@@ -103,14 +103,15 @@ def watching(st: Stage, p: PipelineParams, poll_s: float = 2.0, log_s: float = 1
         yield
         return
     log, since, stop = get_run_logger(), time.time(), threading.Event()
-    artifact = create_progress_artifact(0.0, description=f"{st.name}: progress of the run")
-    seen = {"got": None, "logged": None, "at": 0.0}
+    seen = {"got": None, "logged": None, "at": 0.0, "artifact": None}
 
     def poll(final: bool = False) -> None:
         got = st.progress(p, since)
         if got is not None and got != seen["got"]:
             seen["got"] = got
-            update_progress_artifact(artifact, 100.0 * got[0])
+            if seen["artifact"] is None:  # made once the run has begun: a stage found up to date gets none
+                seen["artifact"] = create_progress_artifact(0.0, description=f"{st.name}: progress of the run")
+            update_progress_artifact(seen["artifact"], 100.0 * got[0])
         got = seen["got"]
         due = final or seen["logged"] is None or time.monotonic() - seen["at"] >= log_s
         if got is not None and got != seen["logged"] and due:

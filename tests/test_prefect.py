@@ -68,6 +68,18 @@ def test_pipeline_against_server_publishes_artifacts_and_leaves_dvc_up_to_date(s
     logs = api(server, "/logs/filter", {"logs": {"flow_run_id": {"any_": [train_run["id"]]}}})
     steps = [entry["message"] for entry in logs if entry["message"].startswith("train step ")]
     assert steps and re.match(r"train step 2: loss \d+\.\d{4}, lr .*, 2,048/2,048 tokens \(100%\)", steps[-1]), steps
+    # a second run finds every stage up to date: nothing runs or changes, and the UI says so
+    stats = {f: f.read_bytes() for f in sorted((repo / "data").glob("*/stats.json"))}
+    out = run([sys.executable, "-m", "flows.pipeline", "params.yaml"], repo, server)
+    assert out.count("up to date (its code, parameters and inputs are those of the run that made its outputs") == 9
+    assert {f: f.read_bytes() for f in sorted((repo / "data").glob("*/stats.json"))} == stats
+    assert "Data and pipelines are up to date." in dvc(repo, "status")
+    texts = [a["data"] for a in api(server, "/artifacts/filter", {"artifacts": {"key": {"any_": ["filter-stats"]}}})]
+    assert len(texts) == 2 and sum("**Up to date:** not run again" in t for t in texts) == 1
+    assert all("### Validation passed" in t for t in texts)
+    trains = [r["id"] for r in api(server, "/flow_runs/filter", {}) if api(server, f"/flows/{r['flow_id']}")["name"] == "stage-train"]
+    progress = api(server, "/artifacts/filter", {"artifacts": {"type": {"any_": ["progress"]}, "flow_run_id": {"any_": trains}}})
+    assert len(trains) == 2 and [a["data"] for a in progress] == [100.0]  # none for the run that did not train
     # a run from another parameter file is an experiment: dvc.lock keeps describing params.yaml's outputs
     raw = yaml.safe_load((repo / "params.yaml").read_text())
     raw["sample"]["seed"] = 99
