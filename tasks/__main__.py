@@ -53,8 +53,7 @@ def run(stage: str, params_file: str) -> dict:
     from tasks.core.errors import CodeChanged, ConfigError, naming_full_disk
     from tasks.core.source import changed_since_loaded, loaded_code_digest
     from tasks.core.registry import PIPELINE
-    from tasks.core.runner import run_stage, stage_lock
-    from tasks.core.runner import VALIDATION_CODE
+    from tasks.core.runner import VALIDATION_CODE, run_stage, stage_lock
     from tasks.validation import recorded_validation_stands, validation_of
 
     if stage not in PIPELINE:

@@ -166,8 +166,8 @@ def run_stage(name: str, p: PipelineParams, map_shards: MapShards = map_sequenti
     recorded_for(run, p.paths.data_dir)
     other = st.other_inputs(p, before)
     suites = loaded_code_digest((VALIDATION_CODE,)) if st.suite is not None else ""
-    key = stage_key(st, p, replace(before, code=f"{code}+{suites}"), registry.stage(input_stage) if input_stage else None,
-                    other)
+    source = registry.stage(input_stage) if input_stage else None
+    key = stage_key(st, p, replace(before, code=f"{code}+{suites}"), source, other)
     root = Path(p.paths.data_dir) / name
     if skip_up_to_date and (kept := up_to_date(st, stats_path(p, name), key, p.paths.data_dir)) is not None:
         _restore_plots(st, root, kept)
