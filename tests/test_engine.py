@@ -91,9 +91,10 @@ def test_bf16_engine_stays_close_to_the_fp32_loop(reference, tmp_path):
     assert max_rel_diff(launch(run, tmp_path)["losses"], reference) < 1e-2
 
 
-def _count_block_forwards(rank: int, port: int, queue) -> None:
+def _count_block_forwards(rank: int, init: str, queue) -> None:
     import os
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",
+    # one rank: MASTER_PORT 0, its store binds a free port
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",
                       DS_ACCELERATOR="cpu")
     from trainer.engine import Engine
     from trainer.model import Block
@@ -122,17 +123,14 @@ def test_a_stale_torch_extension_lock_does_not_hang_a_training_start(tmp_path):
     """A start killed while DeepSpeed loaded its shared-memory op (a torch C++ extension) left the lock
     file of that build behind, and every later start on the machine waited on it forever."""
     import os
-    import socket
     import subprocess
     import sys
     stale = tmp_path / "extensions" / "deepspeed_shm_comm" / "lock"
     stale.parent.mkdir(parents=True)
     stale.touch()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    # one rank: MASTER_PORT 0, its store binds a free port
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions"), "DS_ACCELERATOR": "cpu",
-           "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+           "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"}
     program = ("import torch.distributed as dist; from trainer.engine import init_distributed; "
                "init_distributed(); print('started', dist.get_world_size())")
     try:

@@ -58,9 +58,9 @@ def test_linear_cross_entropy_reference_matches_f_cross_entropy(reduction):
         kernels.linear_cross_entropy(h, w, t, reduction="none")
 
 
-def _vocab_parallel_rank(rank: int, port: int, queue) -> None:
+def _vocab_parallel_rank(rank: int, init: str, queue) -> None:
     import torch.distributed as dist
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     torch.manual_seed(0)
     h = torch.randn(12, 8, dtype=torch.float64, requires_grad=True)
     w = torch.randn(10, 8, dtype=torch.float64)

@@ -76,3 +76,14 @@ def test_a_hostfile_that_does_not_fit_the_layout_is_refused(tmp_path, text, mess
 def test_a_missing_hostfile_is_named(tmp_path):
     with pytest.raises(ConfigError, match="train.launch.hostfile .*nowhere: no such file"):
         launch.check(LaunchParams(hostfile=str(tmp_path / "nowhere")), 2)
+
+
+def test_a_local_launch_leaves_the_port_to_torchrun(tmp_path):
+    """A port found free here and bound by torchrun later could be taken in between on a busy machine: the
+    local launch lets torchrun's rendezvous bind a free one itself; a port or address given is used."""
+    cmd = launch.command("trainer.run", tmp_path / "run.json", 2)
+    assert "--standalone" in cmd and not any(a.startswith("--master") for a in cmd)
+    cmd = launch.command("trainer.run", tmp_path / "run.json", 2, LaunchParams(master_port=29511))
+    assert "--standalone" not in cmd and cmd[cmd.index("--master-port") + 1] == "29511"
+    cmd = launch.command("trainer.run", tmp_path / "run.json", 2, LaunchParams(master_addr="10.0.0.1"))
+    assert cmd[cmd.index("--master-addr") + 1] == "10.0.0.1" and "--master-port" in cmd

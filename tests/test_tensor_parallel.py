@@ -9,11 +9,11 @@ import torch.nn.functional as F
 from trainer import tensor_parallel as tp
 
 
-def _rank(rank: int, port: int, queue) -> None:
+def _rank(rank: int, init: str, queue) -> None:
     import torch.distributed as dist
 
     import kernels
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     group = dist.group.WORLD
     torch.manual_seed(0)  # the same full weights and inputs on both ranks
     d, hidden, vocab = 8, 32, 64
@@ -98,12 +98,12 @@ def test_single_rank_layers_are_plain_layers_and_bad_splits_are_refused():
         tp._split(6, 4, "output features")
 
 
-def _gpt_rank(rank: int, port: int, queue) -> None:
+def _gpt_rank(rank: int, init: str, queue) -> None:
     import torch.distributed as dist
 
     from trainer.config import ModelParams
     from trainer.model import GPT
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     p = ModelParams(n_layer=2, n_head=4, d_model=32, vocab_size=128, seq_len=16, attention="softmax",
                     fused_kernels=False)
     torch.manual_seed(0)

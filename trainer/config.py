@@ -167,7 +167,8 @@ class LaunchParams(Strict):
                                                    "the slots must add up to tp x pp x dp. None: torchrun here.")
     master_addr: str | None = Field(None, description="The first host's address as the others reach it "
                                                       "(None: 127.0.0.1, one host only).")
-    master_port: int | None = Field(None, ge=1, le=65535, description="None: a free port of this machine.")
+    master_port: int | None = Field(None, ge=1, le=65535, description="None: a free port of this machine (torchrun's "
+                                    "standalone rendezvous binds one itself where neither it nor master_addr is set).")
     timeout_s: float | None = Field(None, gt=0, description="Every rank is killed after this long (None: no limit).")
 
 

@@ -59,6 +59,11 @@ def check(launch: LaunchParams, ranks: int) -> dict[str, int]:
 
 
 def command(module: str, config: Path, ranks: int, launch: LaunchParams = LOCAL) -> list[str]:
+    if launch.hostfile is None and launch.master_port is None and launch.master_addr is None:
+        # torchrun's rendezvous binds a free port itself: a port found free here and bound there could be
+        # taken in between (another run's launch, a client's outgoing connection) on a busy machine
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
+                "-m", module, str(config)]
     port = str(launch.master_port or free_port())
     if launch.hostfile is None:
         return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(ranks),
