@@ -152,12 +152,6 @@ def run_stage(name: str, p: PipelineParams, map_shards: MapShards = map_sequenti
     # refusals come before anything of this stage changes: a refused run leaves it as it was
     if input_stage is not None:
         require_complete(p, input_stage, name)
-        if not st.input_is_remote and isinstance(registry.stage(input_stage).output_pass(), ShardedPass):
-            check_input_shards(before)  # a shard missing, changed, or not the input stage's
-        elif not st.input_is_remote:
-            check_input_passes(before, registry.stage(input_stage))
-    if st.check is not None:
-        st.check(p, before)
     code = loaded_code_digest(st.code)
     if changed_since_loaded(st.code):  # its code not yet imported would be the new one: a mix, never recorded
         raise CodeChanged(f"stage '{name}' cannot start: its code changed on disk after this run loaded it, and "
@@ -172,6 +166,16 @@ def run_stage(name: str, p: PipelineParams, map_shards: MapShards = map_sequenti
     if skip_up_to_date and (kept := up_to_date(st, stats_path(p, name), key, p.paths.data_dir)) is not None:
         _restore_plots(st, root, kept)
         return {**kept, "up_to_date": True}
+    # refusals only a run needs, since a stage found up to date reads nothing: the input checked file by file
+    # against its markers (a global input, a blend or a checkpoint, is hashed whole: at scale, terabytes on
+    # every pipeline run) and the stage's own check (evaluate parses every task file)
+    if input_stage is not None and not st.input_is_remote:
+        if isinstance(source.output_pass(), ShardedPass):
+            check_input_shards(before)  # a shard missing, changed, or not the input stage's
+        else:
+            check_input_passes(before, source)
+    if st.check is not None:
+        st.check(p, before)
     declared = DeclaredInputs(st, p.paths.data_dir, input_stage, other, lambda: st.other_inputs(p, before))
     root.mkdir(parents=True, exist_ok=True)
     stats_path(p, name).unlink(missing_ok=True)  # not complete until this run writes it again
