@@ -168,12 +168,8 @@ def test_a_validation_parameter_is_part_of_the_key(deduped):
 
 
 def cli(root: Path, stage: str) -> dict:
-    import subprocess
-    import sys
-
-    from tests.conftest import REPO
-    out = subprocess.run([sys.executable, "-m", "tasks", stage], cwd=root, capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=600)
+    from tests.test_errors import cli as command
+    out = command(root, stage)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 

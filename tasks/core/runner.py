@@ -113,7 +113,8 @@ def _run_sharded(st: Stage, ps: ShardedPass, p: PipelineParams, ctx: Context, ma
     layout = PassLayout(st.pass_root(p.paths.data_dir, ps))
     layout.prepare()
     shards = ps.plan(p, ctx)
-    declared.check(ps.name, [i for s in shards for i in s.inputs])
+    # each input once: every shard of dedup's bucket pass lists every signature file
+    declared.check(ps.name, dict.fromkeys(i for s in shards for i in s.inputs))
     parts = map_shards(st.name, ps.name, p, shards, ctx)
     prune(layout, shards)
     failed = [x["failed"] for x in parts if x.get("failed")]

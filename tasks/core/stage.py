@@ -229,7 +229,7 @@ class Stage:
     kept: tuple[str, ...] = ()
     # the files it reads besides its input stage's outputs and its own passes' (the task files, a user's
     # tokenizer, model or corpus, another stage's output): part of its key; a pass reading an undeclared one
-    # is refused (tasks.core.uptodate.check_declared)
+    # is refused (tasks.core.uptodate.DeclaredInputs)
     other_inputs: Callable[[PipelineParams, Context], list[str]] = lambda p, ctx: []
     # it reads its input over the network (download: the sample stands in for Common Crawl's servers,
     # whose files may fail or change, which the stage itself handles), not from the input's files: the
