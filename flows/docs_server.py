@@ -8,12 +8,13 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from http.server import SimpleHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from tasks.core.config import PipelineParams, load_params
 from tasks.core.errors import ConfigError, describe
+from tasks.sample.server import LoopbackHTTPServer
 from tasks.validation.runner import refresh_index
 
 
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         folder, port = docs_address(load_params(args.params))
         refresh_index(folder)  # sites DVC restored (run cache, checkout) had no validation to list them
         handler = functools.partial(SimpleHTTPRequestHandler, directory=str(folder))
-        server = ThreadingHTTPServer(("127.0.0.1", port), handler)
+        server = LoopbackHTTPServer(("127.0.0.1", port), handler)
     except Exception as e:  # a taken port or a bad params file: one line (README: exit codes)
         code, line = describe(e)
         print(line, file=sys.stderr)

@@ -2,15 +2,32 @@
 
 `make run` serves the sample crawl through it so the download stage exercises its real HTTP path;
 tests subclass the handler to inject faults. Only ever binds to loopback.
+`LoopbackHTTPServer` is also what `flows.docs_server` serves Data Docs with.
 """
 from __future__ import annotations
 
 import os
 import re
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlparse
+
+
+class LoopbackHTTPServer(ThreadingHTTPServer):
+    """A threading HTTP server for which a client hanging up mid-response is routine, not an error.
+
+    socketserver prints a traceback to stderr for any exception a handler raises. A download cut short
+    (Ctrl-C of `make run` while the download stage was reading the sample crawl, a browser tab closed
+    while Data Docs loaded) raised BrokenPipeError or ConnectionResetError, and that traceback landed in
+    the middle of the pipeline's log of a clean stop. Every other error still prints its traceback.
+    """
+
+    def handle_error(self, request, client_address) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):  # BrokenPipe, ConnectionReset, ConnectionAborted
+            return
+        super().handle_error(request, client_address)
 
 
 class StaticHandler(BaseHTTPRequestHandler):
@@ -64,11 +81,10 @@ class StaticServer:
     def __init__(self, root: str | os.PathLike, handler: type[StaticHandler] = StaticHandler, port: int = 0):
         self.handler = type("BoundHandler", (handler,), {"root": Path(root)})
         self.port = port
-        self.httpd: ThreadingHTTPServer | None = None
+        self.httpd: LoopbackHTTPServer | None = None
 
     def __enter__(self) -> str:
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", self.port), self.handler)
-        self.httpd.daemon_threads = True
+        self.httpd = LoopbackHTTPServer(("127.0.0.1", self.port), self.handler)
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
         return f"http://127.0.0.1:{self.httpd.server_address[1]}"
 
