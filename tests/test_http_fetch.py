@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import gzip
-import time
+import threading
+from dataclasses import replace
 
 import pytest
 
@@ -11,12 +12,15 @@ from tasks.download.http_fetch import (DownloadError, RetryPolicy, UnsafePathErr
 from tasks.sample.server import StaticHandler, StaticServer
 
 PAYLOAD = b"".join(gzip.compress(f"record {i} ".encode() * 2000, mtime=0) for i in range(20))
-FAST = RetryPolicy(retries=4, backoff_s=0.01, backoff_max_s=0.05, timeout_s=1.0)
+# short backoffs; a time limit no response here comes near, however loaded the machine (the counts of
+# attempts asserted below would change if one timed out)
+FAST = RetryPolicy(retries=4, backoff_s=0.01, backoff_max_s=0.05, timeout_s=60.0)
 
 
 class FaultHandler(StaticHandler):
     faults: list[str] = []  # consumed one per request; "ok" when empty
     log: list[dict] = []
+    released = threading.Event()  # "slow" stalls until the test ends: longer than any client time limit
 
     def send_body(self, data, start, status):
         fault = self.faults.pop(0) if self.faults else "ok"
@@ -28,7 +32,7 @@ class FaultHandler(StaticHandler):
         elif fault == "404":
             self.send_error(404)
         elif fault == "slow":
-            time.sleep(1.5)  # longer than the client's timeout
+            self.released.wait(timeout=600)
             super().send_body(data, start, status)
         elif fault == "drop":  # promise the whole body, send half, hang up
             self.send_response(status)
@@ -50,9 +54,10 @@ class FaultHandler(StaticHandler):
 @pytest.fixture
 def server(tmp_path):
     (tmp_path / "f.warc.gz").write_bytes(PAYLOAD)
-    FaultHandler.faults, FaultHandler.log = [], []
+    FaultHandler.faults, FaultHandler.log, FaultHandler.released = [], [], threading.Event()
     with StaticServer(tmp_path, FaultHandler) as url:
         yield url
+        FaultHandler.released.set()
 
 
 def test_clean_download(server, tmp_path):
@@ -84,7 +89,7 @@ def test_server_ignoring_range_restarts_cleanly(server, tmp_path):
 
 def test_slow_response_times_out_and_retries(server, tmp_path):
     FaultHandler.faults = ["slow"]
-    rep = fetch(f"{server}/f.warc.gz", tmp_path / "out", FAST)
+    rep = fetch(f"{server}/f.warc.gz", tmp_path / "out", replace(FAST, timeout_s=2.0))
     assert rep.attempts == 2 and (tmp_path / "out").read_bytes() == PAYLOAD
 
 

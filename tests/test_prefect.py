@@ -159,14 +159,15 @@ def test_a_failing_stage_fails_the_run_with_the_cli_line(server, tmp_path):
     raw = yaml.safe_load((repo / "params.yaml").read_text())
     raw["paths"]["benchmarks_dir"] = str(bench)
     (repo / "params.yaml").write_text(yaml.safe_dump(raw))
+    before = {r["id"] for r in api(server, "/flow_runs/filter", {})}  # other test files' runs on this server
     out = subprocess.run([sys.executable, "-m", "flows.pipeline", "params.yaml"], cwd=repo, env=server,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 2, out.stderr[-3000:]
     line = out.stderr.strip().splitlines()[-1]
     assert line.startswith("input file error: task 'boolq': line 2: not valid JSON"), line
-    failed = {}  # the other tests' runs on this server all completed
+    failed = {}
     for r in api(server, "/flow_runs/filter", {}):
-        if r["state_type"] != "COMPLETED":
+        if r["id"] not in before and r["state_type"] != "COMPLETED":
             failed.setdefault(api(server, f"/flows/{r['flow_id']}")["name"], []).append(r["state"]["message"])
     assert failed == {"pretraining-pipeline": [line], "stage-sample": [line]}  # the sample plants task passages
 
@@ -174,14 +175,14 @@ def test_a_failing_stage_fails_the_run_with_the_cli_line(server, tmp_path):
 def _chromium():
     if not Path("/usr/bin/chromium").exists():
         pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
-    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
-    return sync_playwright
+    api = pytest.importorskip("playwright.sync_api")
+    return api.sync_playwright, api.expect
 
 
 def test_ui_quick_run_shows_summary_plots_and_data_docs(server, tmp_path):
     """As a person would: deploy, press Run -> Quick run in the UI, let a worker run it, then find
     the summary artifact on the run, a plot that renders and a Data Docs link that opens."""
-    sync_playwright = _chromium()
+    sync_playwright, expect = _chromium()
     docs_port = free_port()
     repo = copy_project(tmp_path, paths={"docs_url": f"http://127.0.0.1:{docs_port}"})
     docs = subprocess.Popen([sys.executable, "-m", "flows.docs_server", "--params", "params.yaml"], cwd=repo,
@@ -195,20 +196,25 @@ def test_ui_quick_run_shows_summary_plots_and_data_docs(server, tmp_path):
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            # the UI renders after its own API calls: each check waits for what it looks for (never a fixed
+            # sleep, which a loaded machine outlasts), up to a minute
+            page.set_default_timeout(60_000)
             page.goto(f"{ui}/deployments/deployment/{dep['id']}/run")  # the custom-run form
-            page.wait_for_timeout(3000)
-            values = page.eval_on_selector_all("textarea, input", "els => els.map(e => e.value)")
-            assert f"http://127.0.0.1:{docs_port}" in values, "the form opens filled in from params.yaml"
-            assert page.get_by_text("N Warc Files").count() and page.get_by_text("Every pipeline parameter").count()
+            expect(page.get_by_text("N Warc Files").first).to_be_visible()
+            expect(page.get_by_text("Every pipeline parameter").first).to_be_visible()
+            page.wait_for_function("url => [...document.querySelectorAll('textarea, input')]"
+                                   ".some(e => e.value === url)", arg=f"http://127.0.0.1:{docs_port}")
             page.goto(f"{ui}/deployments/deployment/{dep['id']}")
             # another test in this session may already have run the same deployment: count new runs only
             before = {r["id"] for r in api(server, "/flow_runs/filter",
                                            {"flow_runs": {"deployment_id": {"any_": [dep["id"]]}}})}
             page.get_by_role("button", name="Run", exact=True).click()  # top right, beside the menu
             page.get_by_text("Quick run").first.click()
-            page.wait_for_timeout(2000)
-            runs = [r for r in api(server, "/flow_runs/filter",
-                                   {"flow_runs": {"deployment_id": {"any_": [dep["id"]]}}}) if r["id"] not in before]
+            deadline, runs = time.monotonic() + 60, []
+            while not runs and time.monotonic() < deadline:  # the UI's POST is not awaited by the click
+                runs = [r for r in api(server, "/flow_runs/filter", {"flow_runs": {"deployment_id": {
+                    "any_": [dep["id"]]}}}) if r["id"] not in before]
+                time.sleep(0.2)
             assert len(runs) == 1, "the Quick run button must create one flow run"
             run([prefect, "worker", "start", "--pool", "local-process", "--run-once"], repo, server)
             flow_run = api(server, f"/flow_runs/{runs[0]['id']}")
@@ -218,12 +224,13 @@ def test_ui_quick_run_shows_summary_plots_and_data_docs(server, tmp_path):
             assert "| extract |" in summary["data"] and "/artifacts/artifact/" in summary["data"]
 
             page.goto(f"{ui}/artifacts/artifact/{summary['id']}")
-            page.wait_for_timeout(3000)
             link = page.locator("tr", has_text="extract").get_by_role("link", name="artifact").get_attribute("href")
             assert link.startswith(f"{ui}/artifacts/artifact/")
             page.goto(link)  # the extract stage's artifact
-            page.wait_for_timeout(3000)
-            assert "Stage" in page.content() and "expect_column_values_to_be_unique" in page.content()
+            expect(page.get_by_text("expect_column_values_to_be_unique").first).to_be_visible()
+            assert "Stage" in page.content()
+            page.wait_for_function("() => [...document.images].some(e => e.src.startsWith('data:image/png')) && "
+                                   "[...document.images].every(e => e.complete)")  # decoded, or failed to
             widths = page.eval_on_selector_all("img", "els => els.filter(e => e.src.startsWith('data:image/png'))"
                                                       ".map(e => e.naturalWidth)")
             assert widths and all(w > 100 for w in widths), widths  # the plots rendered

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextvars
 import importlib
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -12,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from flows.shard_threads import ShardThreads, running_shard
-from tasks.core import stopping
+from tasks.core import interrupts, stopping
 from tasks.core.stopping import ShardsStopped
 
 
@@ -94,8 +95,10 @@ def test_a_shard_inside_an_import_is_not_interrupted_there(tmp_path, monkeypatch
         for i in range(3):  # one imports, the others wait on the module's lock
             workers.append(threading.Thread(target=contextvars.copy_context().run, args=(shard, i), daemon=True))
             workers[-1].start()
-            time.sleep(0.05)
-        time.sleep(0.2)
+        deadline = time.monotonic() + 120  # each thread in the import (or past it: a slow start), however loaded
+        while not all(i in outcomes or interrupts.importing(sys._current_frames().get(w.ident))
+                      for i, w in enumerate(workers)) and time.monotonic() < deadline:
+            time.sleep(0.01)
         raise KeyboardInterrupt
     for w in workers:
         w.join(30)
