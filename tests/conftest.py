@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -81,10 +80,10 @@ def extracted(tmp_path_factory):
     return p
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port() -> int:  # a port no other test's bind(0) or connection is handed meanwhile
+    from trainer.launch import free_port as below_the_ephemeral_range
+
+    return below_the_ephemeral_range()
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ with that rank's one-line error."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -25,9 +26,32 @@ class LaunchFailed(RuntimeError):
 
 
 def free_port() -> int:
+    """A port free on 127.0.0.1 now, for a server that binds it a moment later. It is drawn from below the
+    kernel's ephemeral range (ip_local_port_range), the range bind(0) and outgoing connections take their
+    ports from: a port bind(0) returned could be handed to another process's bind(0) or connection before
+    the server bound it (seen with parallel test workers on a busy machine). Where nothing lies below that
+    range, bind(0)'s port, as before."""
+    low = ephemeral_ports()[0]
+    candidates = list(range(max(10_000, low - 10_000), low))
+    random.Random().shuffle(candidates)  # two processes asking at once rarely draw the same port
+    for port in candidates[:200]:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # in use
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):  # not Linux: the IANA dynamic range, macOS's and Windows' default
+        return 49152, 65535
 
 
 def hosts(hostfile: str) -> dict[str, int]:
