@@ -3,6 +3,7 @@ replica taking its contiguous share. The data position is the count of consumed 
 run (at any layout) sees exactly the samples the uninterrupted run would have seen."""
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Protocol
 
@@ -31,6 +32,32 @@ class MockSamples:
         if not 0 <= k < self.n:
             raise IndexError(k)
         return np.random.default_rng((self.seed, k)).integers(0, self.vocab_size, self.seq_len + 1, dtype=np.int64)
+
+
+class HeldSamples:
+    """`samples`, of which a read at or past `limit` waits until the process is killed: an operator drill
+    (trainer.run.launch_and_kill) stops the run at a chosen step, whatever the machine's speed."""
+
+    def __init__(self, samples: Samples, limit: int):
+        self.samples, self.limit = samples, limit
+        self.seq_len, self.vocab_size = samples.seq_len, samples.vocab_size
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, k: int) -> np.ndarray:
+        if k >= self.limit:
+            threading.Event().wait()  # forever: the drill kills every rank here
+        return self.samples[k]
+
+
+def samples_before_step(step: int, s, par, seq_len: int) -> int:
+    """The samples consumed by the steps before `step` (1-based), batch ramp-up included."""
+    from trainer.schedule import global_batch
+    consumed = 0
+    for _ in range(step - 1):
+        consumed += global_batch(consumed, s, par, seq_len)
+    return consumed
 
 
 def open_blend(blend_dir: Path, datasets_dir: Path) -> Samples:

@@ -27,14 +27,22 @@ class RunSpec(Strict):
     init_from: str | None = Field(None, description="A checkpoint folder (any layout) to start from when "
                                                     "`out` has none of its own.")
     launch: LaunchParams = LaunchParams()
+    hold_after_step: int = Field(0, ge=0, description="Operator drill (launch_and_kill): after this many steps the "
+                                                      "ranks read no more data and wait to be killed; 0: never.")
 
 
 def samples_of(spec: RunSpec):
-    from trainer.data import MockSamples, open_blend
+    from trainer.data import HeldSamples, MockSamples, open_blend, samples_before_step
     if spec.mock_samples:
         m = spec.train.model
-        return MockSamples(spec.mock_samples, m.seq_len, m.vocab_size, spec.train.seed)
-    return open_blend(Path(spec.blend_dir), Path(spec.datasets_dir))
+        samples = MockSamples(spec.mock_samples, m.seq_len, m.vocab_size, spec.train.seed)
+    else:
+        samples = open_blend(Path(spec.blend_dir), Path(spec.datasets_dir))
+    if spec.hold_after_step:
+        t = spec.train
+        held_from = samples_before_step(spec.hold_after_step + 1, t.schedule, t.parallel, t.model.seq_len)
+        return HeldSamples(samples, held_from)
+    return samples
 
 
 def launch(spec: RunSpec, timeout: float = 1800) -> dict[int, float]:
@@ -51,14 +59,16 @@ def launch(spec: RunSpec, timeout: float = 1800) -> dict[int, float]:
 
 def launch_and_kill(spec: RunSpec, after_step: int, timeout: float = 900) -> int:
     """Operator drill: start `spec`, kill -9 every rank once step `after_step` is logged; returns the
-    last step logged. Raises if the run finished before the kill landed (give it more steps)."""
+    last step logged (`after_step`). The ranks read no data past that step (`hold_after_step`), so the
+    kill lands there however slowly it follows: the steps left of a small run take less than a second,
+    which a loaded machine's scheduling delay could outlast."""
     import time
 
     from tasks.core import lifeline
     from trainer import launch as launcher
     out = Path(spec.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "run.json").write_text(spec.model_dump_json())
+    (out / "run.json").write_text(spec.model_copy(update={"hold_after_step": after_step}).model_dump_json())
     proc = launcher.start("trainer.run", out / "run.json", spec.train.parallel.world_size, out / "launch.log",
                           spec.launch)
     metrics, deadline = out / "metrics.csv", time.monotonic() + timeout
