@@ -76,18 +76,22 @@ def test_fewshot_prefixes_are_seeded_and_never_the_doc_itself():
         prompts.fewshot_prefixes([0], docs[:1], docs[1:3], 3, seed=7)
 
 
-@pytest.mark.parametrize("exclude", [True, False])
-def test_fewshot_draws_follow_lm_evals_sampler(exclude):
-    """lm-eval's ContextSampler: one random.Random(seed) per task; sample(docs, k + 1) minus the doc
-    itself when its few-shot split is the test split, else sample(docs, k) (the doc may be drawn)."""
+@pytest.mark.parametrize("one_more", [True, False])
+def test_fewshot_draws_follow_lm_evals_sampler(one_more):
+    """lm-eval's ContextSampler: one random.Random(seed) per task; sample(docs, k + 1) when its few-shot
+    split is the test split, else sample(docs, k); then always the first k drawn that are not the doc."""
     import random
-    docs = [prompts.hans({"sentence1": f"S{i}.", "sentence2": "T.", "label": i % 2 == 0}) for i in range(30)]
+    docs = [prompts.hans({"sentence1": f"S{i}.", "sentence2": "T.", "label": i % 2 == 0}) for i in range(12)]
     rnd, want = random.Random(1234), []
-    for doc in docs[:10]:
-        drawn = rnd.sample(docs, 4) if exclude else rnd.sample(docs, 3)
-        shots = [d for d in drawn if d != doc][:3] if exclude else drawn
-        want.append("\n\n".join(d.shot for d in shots) + "\n\n")
-    assert prompts.fewshot_prefixes(list(range(10)), docs, None, 3, 1234, exclude_self=exclude) == want
+    for doc in docs:
+        drawn = rnd.sample(docs, 4 if one_more else 3)
+        want.append("\n\n".join(d.shot for d in [d for d in drawn if d != doc][:3]) + "\n\n")
+    got = prompts.fewshot_prefixes(list(range(12)), docs, None, 3, 1234, draw_one_more=one_more)
+    assert got == want
+    for doc, prefix in zip(docs, got):  # LAMBADA, RACE, ANLI: a doc drawn as its own shot showed its answer
+        assert doc.shot not in prefix
+    if not one_more:  # 12 docs, 3 drawn each: some doc draws itself here, and gets 2 shots
+        assert any(prefix.count("\n\n") == 2 for prefix in got)
 
 
 def _plain_scores(lm, pairs):

@@ -18,7 +18,7 @@ Prompts (lm-eval's task YAMLs; `" "` is lm-eval's target delimiter, put in front
 - wic:        "Sentence 1: <s1>\\nSentence 2: <s2>\\nQuestion: Is the word '<word in s1>' used in the same way
               in the two sentences above?\\nAnswer:"  " no" / " yes"
 Few-shot: k solved shots joined by "\\n\\n", then "\\n\\n", then the prompt (lm-eval's delimiters), drawn
-as lm-eval's sampler draws them (random.Random(seed), one generator per task; see EXCLUDES_SELF) from
+as lm-eval's sampler draws them (random.Random(seed), one generator per task; see DRAWS_ONE_MORE) from
 the split lm-eval takes them from where the files have it (PiQA train, WinoGrande xl train, WiC train;
 RACE: the test articles themselves, as lm-eval's race has no other split), else from the evaluated docs
 (LAMBADA, BoolQ, HellaSwag, HANS: no train file here) or the nearest split (ANLI R2 dev for its train).
@@ -165,30 +165,28 @@ def render(task: TaskData, fewshot_pool: bool = True) -> tuple[list[Doc], list[D
     return docs, pool
 
 
-# lm-eval draws k + 1 shots and drops the scored doc for the tasks whose YAML has no test split (its
-# few-shot split then "equals" the test split); for LAMBADA, RACE and ANLI it draws k and the scored
-# doc itself may be among them. Both kept, so prefixes match lm-eval's for the same pool and seed.
-EXCLUDES_SELF = {"boolq", "piqa", "hellaswag", "winogrande", "wic", "hans"}
+# lm-eval's sampler draws k + 1 shots for the tasks whose YAML has no test split (its few-shot split
+# then "equals" the test split), k for LAMBADA, RACE and ANLI; either way it drops any shot equal to
+# the scored doc (its answer would be in the prompt), so those three then get k - 1 shots. Followed
+# here, so prefixes match lm-eval's for the same pool and seed.
+DRAWS_ONE_MORE = {"boolq", "piqa", "hellaswag", "winogrande", "wic", "hans"}
 
 
 def fewshot_prefixes(indices: list[int], docs: list[Doc], pool: list[Doc] | None, k: int, seed: int,
-                     exclude_self: bool = True) -> list[str]:
+                     draw_one_more: bool = True) -> list[str]:
     """The few-shot prefix of each scored doc (`indices` into `docs`): shots drawn by one seeded
     generator per task, in doc order, from the few-shot split (`pool`) or, without one, from the task's
-    own docs. With `exclude_self`, k + 1 are drawn and the scored doc dropped (lm-eval's sampler)."""
+    own docs. k + 1 are drawn with `draw_one_more`, else k; a shot equal to the scored doc is dropped and
+    the first k of the rest kept (lm-eval's sampler)."""
     if k == 0:
         return [""] * len(indices)
     source = docs if pool is None else pool
-    draw = k + 1 if exclude_self else k
+    draw = k + 1 if draw_one_more else k
     if len(source) < draw:
         raise ConfigError(f"{k}-shot needs {draw} few-shot examples, the few-shot split has {len(source)}")
     rng = random.Random(seed)
     out = []
     for i in indices:
-        picks = rng.sample(range(len(source)), draw)
-        if exclude_self:
-            shots = [source[j] for j in picks if not (j == i if pool is None else source[j] == docs[i])][:k]
-        else:
-            shots = [source[j] for j in picks]
+        shots = [source[j] for j in rng.sample(range(len(source)), draw) if source[j] != docs[i]][:k]
         out.append(SHOT_SEPARATOR.join(s.shot for s in shots) + SHOT_SEPARATOR)
     return out

@@ -15,7 +15,7 @@ import statistics
 
 from tasks.core.errors import ConfigError
 from tasks.evalsets.loaders import TaskData
-from tasks.evalsets.prompts import EXCLUDES_SELF, fewshot_prefixes, render
+from tasks.evalsets.prompts import DRAWS_ONE_MORE, fewshot_prefixes, render
 from tasks.evaluate.scoring import Scorer
 
 METRICS = {"lambada": ("acc", "perplexity"), "piqa": ("acc", "acc_norm"), "hellaswag": ("acc", "acc_norm")}
@@ -43,7 +43,7 @@ def evaluate_task(scorer: Scorer, task: TaskData, shots: int, seed: int = 1234,
     docs, pool = render(task)
     indices = select(len(docs), limit, seed)
     try:
-        prefixes = fewshot_prefixes(indices, docs, pool, shots, seed, task.name in EXCLUDES_SELF)
+        prefixes = fewshot_prefixes(indices, docs, pool, shots, seed, task.name in DRAWS_ONE_MORE)
     except ConfigError as e:
         raise ConfigError(f"task {task.name}: {e}") from None
     scored = scorer.score([docs[i].pairs(p) for i, p in zip(indices, prefixes)], desc=f"{task.name} {shots}-shot")
