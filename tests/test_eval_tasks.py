@@ -68,3 +68,47 @@ def test_label_count_mismatch(benchmarks_dir, tmp_path):
     labels.write_text("0\n1\n")
     with pytest.raises(TaskFileError, match="2 labels for 1838 examples"):
         load_task("piqa", tmp_path)
+
+
+@pytest.mark.parametrize("task,path,row,message", [
+    # BoolQ's answer as a string: every gold became "yes"
+    ("boolq", "boolq/dev.jsonl", {"question": "q", "passage": "p", "answer": "false"},
+     "line 1: answer \"false\" is not true or false"),
+    ("boolq", "boolq/dev.jsonl", {"question": None, "passage": "p", "answer": True},
+     "line 1: field 'question' is null, not a string"),
+    # HellaSwag's test split (label ""), a label past the endings, -1 (silently the last ending)
+    ("hellaswag", "hellaswag/hellaswag_val.jsonl", {"ctx": "c", "endings": ["a", "b"], "label": ""},
+     "line 1: label \"\" is not the index of one of its 2 endings"),
+    ("hellaswag", "hellaswag/hellaswag_val.jsonl", {"ctx": "c", "endings": ["a", "b"], "label": 7},
+     "line 1: label 7 is not the index"),
+    ("hellaswag", "hellaswag/hellaswag_val.jsonl", {"ctx": "c", "endings": ["a", "b"], "label": -1},
+     "line 1: label -1 is not the index"),
+    ("hellaswag", "hellaswag/hellaswag_val.jsonl", {"ctx": "c", "endings": "a b", "label": 0},
+     "line 1: endings is not a list of two or more strings"),
+    ("anli_r2", "anli/R2/test.jsonl", {"context": "c", "hypothesis": "h", "label": "x"},
+     "line 1: label \"x\" not e/n/c"),
+    ("lambada", "lambada/lambada_test.jsonl", {"text": 17}, "line 1: field 'text' is 17, not a string"),
+])
+def test_values_that_are_not_the_formats_are_refused_naming_the_line(tmp_path, task, path, row, message):
+    f = tmp_path / path
+    f.parent.mkdir(parents=True)
+    f.write_text(json.dumps(row) + "\n")
+    with pytest.raises(TaskFileError, match=f"task '{task}': " + message.replace("(", r"\(")):
+        load_task(task, tmp_path)
+
+
+def test_hugging_face_style_string_labels_are_read(tmp_path):
+    f = tmp_path / "hellaswag/hellaswag_val.jsonl"
+    f.parent.mkdir(parents=True)
+    f.write_text(json.dumps({"ctx": "c", "endings": ["a", "b"], "label": "1"}) + "\n")
+    assert load_task("hellaswag", tmp_path).examples[0]["gold_text"] == "c b"
+
+
+@pytest.mark.parametrize("answer", ["", "AB", 1])
+def test_a_race_answer_that_is_not_one_letter_is_refused(tmp_path, answer):
+    d = tmp_path / "race/test/high"
+    d.mkdir(parents=True)
+    (d / "1.txt").write_text(json.dumps({"article": "A.", "questions": ["Q?"], "options": [["a", "b", "c", "d"]],
+                                         "answers": [answer], "id": "1.txt"}))
+    with pytest.raises(TaskFileError, match="question 1: answer .* is not A-D"):
+        load_task("race_h", tmp_path)

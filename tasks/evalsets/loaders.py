@@ -91,7 +91,12 @@ def _lines(task: str, path: Path) -> Iterator[tuple[int, str]]:
             yield i, line
 
 
-def _jsonl(task: str, path: Path, required: tuple[str, ...]) -> list[dict]:
+def _jsonl(task: str, path: Path, required: tuple[str, ...],
+           values: Callable[[dict], str | None] | None = None) -> list[dict]:
+    """The file's records, each with the `required` fields: text fields, strings; the others (a label, a
+    list of endings) checked by `values`, which names what is wrong with a record, else None. A gold
+    that is not what the format says (BoolQ's answer as the string "false", a HellaSwag label past its
+    endings) would otherwise be scored, silently, as another answer."""
     rows = []
     for i, line in _lines(task, path):
         try:
@@ -103,10 +108,41 @@ def _jsonl(task: str, path: Path, required: tuple[str, ...]) -> list[dict]:
         missing = [k for k in required if k not in row]
         if missing:
             raise _err(task, path, f"line {i}: missing field(s) {missing}")
+        why = values(row) if values else _strings(row, required)
+        if why:
+            raise _err(task, path, f"line {i}: {why}")
         rows.append(row)
     if not rows:
         raise _err(task, path, "file has no records")
     return rows
+
+
+def _strings(row: dict, keys: tuple[str, ...]) -> str | None:
+    bad = next((k for k in keys if not isinstance(row[k], str)), None)
+    return None if bad is None else f"field {bad!r} is {json.dumps(row[bad])[:40]}, not a string"
+
+
+def _boolq_values(row: dict) -> str | None:
+    if not isinstance(row["answer"], bool):
+        return f"answer {json.dumps(row['answer'])[:40]} is not true or false"
+    return _strings(row, ("question", "passage"))
+
+
+def _hellaswag_values(row: dict) -> str | None:
+    endings, label = row["endings"], row["label"]
+    if not (isinstance(endings, list) and len(endings) >= 2 and all(isinstance(e, str) for e in endings)):
+        return "endings is not a list of two or more strings"
+    # an int, or its digits as a string (the Hugging Face copy); "" is the unlabeled test split's
+    if isinstance(label, bool) or not (isinstance(label, int) or (isinstance(label, str) and label.isdigit())) \
+            or not 0 <= int(label) < len(endings):
+        return f"label {json.dumps(label)[:40]} is not the index of one of its {len(endings)} endings"
+    return _strings(row, ("ctx",))
+
+
+def _anli_values(row: dict) -> str | None:
+    if row["label"] not in ("e", "n", "c"):
+        return f"label {json.dumps(row['label'])[:40]} not e/n/c"
+    return _strings(row, ("context", "hypothesis"))
 
 
 def _labels(task: str, path: Path, n: int, allowed: set[str]) -> list[str]:
@@ -130,7 +166,7 @@ def _load_lambada(root: Path, fewshot: bool) -> TaskData:
 
 def _load_boolq(root: Path, fewshot: bool) -> TaskData:
     p = _need("boolq", root, TASK_FILES["boolq"][0])
-    rows = _jsonl("boolq", p, ("question", "passage", "answer"))
+    rows = _jsonl("boolq", p, ("question", "passage", "answer"), _boolq_values)
     ex = [{"question": r["question"], "passage": r["passage"], "title": r.get("title", ""),
            "label": bool(r["answer"])} for r in rows]
     return TaskData("boolq", ex, ("passage", "question"))
@@ -148,11 +184,13 @@ def _race_dir(task: str, d: Path) -> list[dict]:
             article = obj["article"]
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise _err(task, f, f"malformed RACE file ({e.__class__.__name__}: {e})") from None
-        if not (len(qs) == len(opts) == len(ans)):
-            raise _err(task, f, "questions/options/answers differ in length")
-        for q, o, a in zip(qs, opts, ans):
-            if a not in "ABCD" or len(o) != 4:
-                raise _err(task, f, f"bad answer {a!r} or {len(o)} options")
+        if not (isinstance(article, str) and all(isinstance(x, list) for x in (qs, opts, ans))
+                and len(qs) == len(opts) == len(ans)):
+            raise _err(task, f, "article is not a string, or questions/options/answers not lists of one length")
+        for n, (q, o, a) in enumerate(zip(qs, opts, ans), 1):
+            if a not in ("A", "B", "C", "D") or not isinstance(o, list) or len(o) != 4 \
+                    or not all(isinstance(x, str) for x in (q, *o)):
+                raise _err(task, f, f"question {n}: answer {a!r} is not A-D, or not 4 text options")
             out.append({"article": article, "question": q, "options": o, "label": "ABCD".index(a),
                         "id": obj.get("id", f.name)})
     return out
@@ -190,7 +228,7 @@ def _arrow_from_zip(task: str, path: Path, member_suffix: str) -> list[dict]:
 
 def _load_hellaswag(root: Path, fewshot: bool) -> TaskData:
     p = _need("hellaswag", root, TASK_FILES["hellaswag"][0])
-    rows = _jsonl("hellaswag", p, ("ctx", "endings", "label"))
+    rows = _jsonl("hellaswag", p, ("ctx", "endings", "label"), _hellaswag_values)
     ex = []
     for r in rows:
         label = int(r["label"])
@@ -219,11 +257,8 @@ def _load_winogrande(root: Path, fewshot: bool) -> TaskData:
 
 def _load_anli(root: Path, fewshot: bool) -> TaskData:
     keys = ("context", "hypothesis", "label")
-    rows = _jsonl("anli_r2", _need("anli_r2", root, TASK_FILES["anli_r2"][0]), keys)
-    fs = _jsonl("anli_r2", _need("anli_r2", root, "anli/R2/dev.jsonl"), keys) if fewshot else None
-    for r in rows:
-        if r["label"] not in ("e", "n", "c"):
-            raise _err("anli_r2", root / TASK_FILES["anli_r2"][0], f"label {r['label']!r} not e/n/c")
+    rows = _jsonl("anli_r2", _need("anli_r2", root, TASK_FILES["anli_r2"][0]), keys, _anli_values)
+    fs = _jsonl("anli_r2", _need("anli_r2", root, "anli/R2/dev.jsonl"), keys, _anli_values) if fewshot else None
     return TaskData("anli_r2", rows, ("context", "hypothesis"), fs)
 
 
