@@ -178,3 +178,18 @@ def test_batch_ramp_changes_micro_batches_and_resumes_mid_ramp(tmp_path):
     assert batches[mid] < 8, "step 5, the first after the resume point, is inside the ramp"
     resumed = resume_from(tmp_path / "ramp", mid, s.model_copy(update={"out": str(tmp_path / "resumed")}))
     assert resumed == {k: v for k, v in full.items() if k > mid}
+
+
+def test_checkpoints_record_their_run_so_two_runs_step_n_are_told_apart(uninterrupted, tmp_path):
+    """The scheduled evaluation keys a checkpoint by its name and meta.json: a run with another seed wrote
+    a byte-identical meta.json, and its checkpoints were taken as evaluated, under the first run's scores."""
+    from tasks.evaluate.history import checkpoint_key
+    from trainer.loop import recipe_digest
+    other = spec(tmp_path / "other", tp=2, pp=2, steps=4, seed=4)
+    train(other)
+    mine, theirs = uninterrupted / "checkpoints/step-00000004", tmp_path / "other/checkpoints/step-00000004"
+    assert checkpoint.read_meta(theirs)["run"] == recipe_digest(other.train)
+    assert checkpoint_key(mine) != checkpoint_key(theirs)
+    named = spec(tmp_path / "named", tp=2, pp=2, steps=2).model_copy(update={"run_id": "the train stage's identity"})
+    train(named)  # the train stage passes its own identity (its blend and tokenizer too)
+    assert checkpoint.read_meta(tmp_path / "named/checkpoints/step-00000002")["run"] == "the train stage's identity"

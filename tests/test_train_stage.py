@@ -178,3 +178,29 @@ def test_a_warmup_longer_than_the_run_is_a_warning(tmp_path):
         "train.profiles.sample.schedule.warmup_tokens (10,000) is more than the 2,500 tokens trained: the learning "
         "rate rose to 25.0% of its peak and never decayed"]
     assert STAGE.warnings({"tokens": 10_000}, p) == []
+
+
+def test_going_back_to_the_previous_run_resumes_it_and_only_an_older_one_is_deleted(tmp_path, capsys):
+    """Seed 1234 -> 99 -> 1234 deleted the finished 1234 run in work.previous and trained it again from step 1."""
+    from tasks.train.stage import _work_folder
+
+    work = tmp_path / "work"
+
+    def run_with(identity: str, step: int) -> None:
+        _work_folder(work, identity)
+        (work / "checkpoints" / f"step-{step:08d}").mkdir(parents=True)
+        (work / "checkpoints" / "latest").write_text(f"step-{step:08d}")
+
+    run_with("A", 195)
+    run_with("B", 40)
+    assert (work / "identity").read_text() == "B" and (tmp_path / "work.previous" / "identity").read_text() == "A"
+    assert "run (its latest checkpoint step-00000195) moved to" in capsys.readouterr().err
+    _work_folder(work, "A")  # back to A: its checkpoints are resumed, B's kept
+    assert (work / "identity").read_text() == "A" and (work / "checkpoints" / "step-00000195").is_dir()
+    assert (tmp_path / "work.previous" / "identity").read_text() == "B"
+    assert "moved back to" in capsys.readouterr().err
+    _work_folder(work, "C")  # a third run: B, the older, is the one deleted, and the message says so
+    assert (tmp_path / "work.previous" / "identity").read_text() == "A" and (work / "identity").read_text() == "C"
+    err = capsys.readouterr().err
+    assert f"deleted {tmp_path / 'work.previous'}, an earlier run (its latest checkpoint step-00000040)" in err
+    assert not (tmp_path / "work.swap").exists()

@@ -139,14 +139,15 @@ def _durable(folder: Path) -> None:
         os.close(fd)
 
 
-def save(engine, directory: Path, step: int, state: dict) -> Path:
-    """Write checkpoint `step` (every rank calls this); `state` is the run's position (JSON-able).
+def save(engine, directory: Path, step: int, state: dict, run: str = "") -> Path:
+    """Write checkpoint `step` (every rank calls this); `state` is the run's position (JSON-able), `run`
+    the run's identity, recorded in meta.json (the scheduled evaluation tells another run's step-N by it).
     A failed write (a full disk) stops the run with a TrainingError naming the step and the cause;
     `latest` still names the previous checkpoint, which is what a restart loads."""
     directory = Path(directory)
     final, partial = directory / f"step-{step:08d}", directory / f"step-{step:08d}.partial"
     try:
-        return _save(engine, directory, final, partial, step, state)
+        return _save(engine, directory, final, partial, step, state, run)
     except Exception as e:  # noqa: BLE001 - safetensors reports I/O as its own SafetensorError
         if isinstance(e, TrainingError) or not _is_io(e):
             raise
@@ -170,7 +171,7 @@ def _io_cause(message: str) -> str:
     return found.group(1) if found else message.splitlines()[0] if message else "I/O error"
 
 
-def _save(engine, directory: Path, final: Path, partial: Path, step: int, state: dict) -> Path:
+def _save(engine, directory: Path, final: Path, partial: Path, step: int, state: dict, run: str) -> Path:
     if engine.rank == 0:
         shutil.rmtree(partial, ignore_errors=True)  # left by a save that was killed
         partial.mkdir(parents=True)
@@ -191,7 +192,7 @@ def _save(engine, directory: Path, final: Path, partial: Path, step: int, state:
     adam_step = _adam_step(engine)
     dist.barrier()
     if engine.rank == 0:
-        meta = {"format": 1, "step": step, **state, "adam_step": adam_step,
+        meta = {"format": 1, "run": run, "step": step, **state, "adam_step": adam_step,
                 "loss_scaler": scaler_state(loss_scaler(engine)), "model": engine.model.model_dump(),
                 "layout": {"tp": engine.par.tp, "pp": engine.par.pp, "dp": engine.par.dp}}
         (partial / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")

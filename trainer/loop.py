@@ -58,10 +58,11 @@ class MetricsLog:
             csv.DictWriter(f, FIELDS).writerow(row)
 
 
-def train(cfg: TrainParams, samples: Samples, out: Path, init_from: Path | None = None) -> dict:
+def train(cfg: TrainParams, samples: Samples, out: Path, init_from: Path | None = None, run_id: str = "") -> dict:
     """Train until schedule.train_tokens are consumed; every rank calls this under torchrun/deepspeed.
     Resumes from the latest checkpoint in `out`, else from `init_from` (a checkpoint folder written at
-    any layout), else starts fresh."""
+    any layout), else starts fresh. Checkpoints record `run_id`, what makes this run this run (empty: the
+    digest of the model, optimizer, schedule and seed), so two runs' step-N are told apart."""
     from trainer.engine import Engine
     out, seq = Path(out), cfg.model.seq_len
     check_fits(samples, seq, cfg.model.vocab_size)
@@ -120,7 +121,7 @@ def train(cfg: TrainParams, samples: Samples, out: Path, init_from: Path | None 
                 bar.set_postfix(step=step, loss=f"{loss:.4f}", refresh=False)
             done = position["consumed_tokens"] >= cfg.schedule.train_tokens
             if step % cfg.checkpoint_every == 0 or done:
-                checkpoint.save(engine, ckpt_dir, step, position)
+                checkpoint.save(engine, ckpt_dir, step, position, run_id or recipe_digest(cfg))
                 if leader:
                     checkpoint.prune(ckpt_dir, cfg.keep_checkpoints)
     finally:
@@ -128,6 +129,15 @@ def train(cfg: TrainParams, samples: Samples, out: Path, init_from: Path | None 
             bar.close()
     engine.close()
     return {"step": step, **position}
+
+
+def recipe_digest(cfg: TrainParams) -> str:
+    """The digest of what makes a run's weights: model, optimizer, schedule, seed (not the layout, the
+    checkpoint cadence or the MFU peak, which a resume may change)."""
+    import hashlib
+    import json
+    recipe = {k: getattr(cfg, k).model_dump(mode="json") for k in ("model", "optim", "schedule")}
+    return hashlib.sha256(json.dumps([recipe, cfg.seed], sort_keys=True).encode()).hexdigest()
 
 
 def _progress(cfg: TrainParams, done: int):

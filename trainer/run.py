@@ -27,6 +27,8 @@ class RunSpec(Strict):
     init_from: str | None = Field(None, description="A checkpoint folder (any layout) to start from when "
                                                     "`out` has none of its own.")
     launch: LaunchParams = LaunchParams()
+    run_id: str = Field("", description="What makes this run this run, recorded in its checkpoints; empty: the "
+                                         "digest of its model, optimizer, schedule and seed (trainer.loop).")
     hold_after_step: int = Field(0, ge=0, description="Operator drill (launch_and_kill): after this many steps the "
                                                       "ranks read no more data and wait to be killed; 0: never.")
 
@@ -104,7 +106,8 @@ def main(argv: list[str]) -> int:
             from trainer.loop import train
             spec = RunSpec.model_validate_json(Path(argv[0]).read_text())
             Path(spec.out).mkdir(parents=True, exist_ok=True)  # every rank: whichever writes first finds it
-            result = train(spec.train, samples_of(spec), Path(spec.out), spec.init_from and Path(spec.init_from))
+            result = train(spec.train, samples_of(spec), Path(spec.out), spec.init_from and Path(spec.init_from),
+                           spec.run_id)
         except Exception as e:  # noqa: BLE001 - one line and the exit code, as every entry point
             code, line = describe(e)
             print(line, file=sys.stderr, flush=True)

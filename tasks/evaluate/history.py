@@ -25,7 +25,8 @@ HISTORY = "history.jsonl"
 
 
 def checkpoint_key(folder: Path) -> str:
-    """The checkpoint's name and its meta.json's hash: another run's step-N is another checkpoint."""
+    """The checkpoint's name and its meta.json's hash: another run's step-N is another checkpoint (meta.json
+    records the run's identity: model, recipe, seed, and under the train stage its data)."""
     return f"{folder.name}:{hashlib.sha256((folder / 'meta.json').read_bytes()).hexdigest()[:12]}"
 
 

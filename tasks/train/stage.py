@@ -64,18 +64,46 @@ def run_identity(cfg: TrainParams, ctx: Context) -> str:
 
 
 def _work_folder(work: Path, identity: str) -> None:
-    """Keep the work folder's checkpoints for the same run; another run moves them aside (never deleted
-    silently: `work.previous/` holds the last other run until the next one replaces it)."""
-    stamp = work / "identity"
-    if stamp.is_file() and stamp.read_text(encoding="utf-8") == identity:
+    """Keep the work folder's checkpoints for the same run. Another run (params.yaml changed its model,
+    recipe, seed or data) moves them to `work.previous/`, and a run found there is moved back and resumed:
+    going back to the last run (an lr tried and reverted) loses nothing. Only the run before that is
+    deleted, and the message says so."""
+    def run_in(folder: Path) -> str | None:
+        stamp = folder / "identity"
+        return stamp.read_text(encoding="utf-8") if stamp.is_file() else None
+
+    def described(folder: Path) -> str:
+        from trainer import checkpoint
+        try:
+            last = checkpoint.latest(folder / "checkpoints")
+        except OSError:
+            last = None
+        return f"its latest checkpoint {last.name}" if last is not None and last.is_dir() else "no checkpoint"
+
+    if run_in(work) == identity:
+        return
+    previous = work.with_name(work.name + ".previous")
+    if run_in(previous) == identity:  # back to the run before: swap the two
+        swap = work.with_name(work.name + ".swap")
+        shutil.rmtree(swap, ignore_errors=True)
+        if work.exists():
+            os.replace(work, swap)
+        os.replace(previous, work)
+        if swap.exists():
+            os.replace(swap, previous)
+        print(f"train: params.yaml describes the run in {previous} ({described(work)}): moved back to {work} to "
+              f"resume" + (f"; the other run moved to {previous}" if previous.exists() else ""), file=sys.stderr)
         return
     if work.exists():
-        previous = work.with_name(work.name + ".previous")
-        shutil.rmtree(previous, ignore_errors=True)
+        if previous.exists():
+            print(f"train: deleted {previous}, an earlier run ({described(previous)}): only the last other run is "
+                  f"kept", file=sys.stderr)
+            shutil.rmtree(previous)
         os.replace(work, previous)
-        print(f"train: another run's work folder moved to {previous}", file=sys.stderr)
+        print(f"train: params.yaml describes another run (model, recipe, seed or data changed): the work folder's "
+              f"run ({described(previous)}) moved to {previous}; this run starts from step 0", file=sys.stderr)
     work.mkdir(parents=True)
-    stamp.write_text(identity, encoding="utf-8")
+    (work / "identity").write_text(identity, encoding="utf-8")
 
 
 def _metrics(path: Path) -> list[dict]:
@@ -122,7 +150,9 @@ def build_model(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
     spec = RunSpec(train=cfg, out=str(work), blend_dir=str(blend.resolve()), datasets_dir=str(datasets.resolve()),
                    launch=p.train.launch)
     lifeline.wait_for_ranks(work)  # a killed run's last ranks are gone before its folder is reused or moved
-    _work_folder(work, run_identity(cfg, ctx))
+    identity = run_identity(cfg, ctx)
+    spec = spec.model_copy(update={"run_id": identity})  # its checkpoints record it (the scheduled evaluation)
+    _work_folder(work, identity)
     (work / "run.json").write_text(spec.model_dump_json(), encoding="utf-8")
     try:
         launch.run("trainer.run", work / "run.json", cfg.parallel.world_size, work / "launch.log",
