@@ -67,11 +67,17 @@ def evaluate_checkpoints(params: PipelineParams = DEFAULT_PARAMS, params_file: s
     logger = get_run_logger()
     if not ckpts.is_dir():  # no training run yet is not an error for a schedule, but a mistyped folder says so
         logger.warning("no checkpoint folder %s (no training run has saved a checkpoint there yet)", ckpts)
-    new = hist.evaluate_new(ckpts, tokenizer, p.evaluate, Path(p.paths.benchmarks_dir), history, prov)
+    failed = None
+    try:
+        new = hist.evaluate_new(ckpts, tokenizer, p.evaluate, Path(p.paths.benchmarks_dir), history, prov)
+    except hist.CheckpointsUnreadable as e:  # the others were evaluated: their history is published, then the failure
+        new, failed = e.new, e
     entries = hist.read_history(history)
     logger.info("evaluated %d new checkpoint(s) of %s; history holds %d", len(new), ckpts, len(entries))
     create_markdown_artifact(key="evaluation-history", markdown=history_markdown(entries, len(new)),
                              description="Every evaluated checkpoint of the training run")
+    if failed is not None:
+        raise failed
     return {"new": [e["checkpoint"] for e in new], "history": len(entries)}
 
 

@@ -146,3 +146,20 @@ def test_a_checkpoint_whose_tensors_are_of_another_config_is_refused(tmp_path, b
     with pytest.raises(ConfigError, match=r"tensor wte.weight: shape \(1024, 32\) in the file, \(1024, 64\) in the model"):
         history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, tmp_path / "history", {})
     assert history.read_history(tmp_path / "history") == []
+
+
+@pytest.mark.parametrize("damage", ["truncated", "meta"])
+def test_a_damaged_checkpoint_is_named_and_the_others_are_evaluated(tmp_path, benchmarks_dir, damage):
+    """One unreadable checkpoint failed the whole pass with a bare SafetensorError, on every scheduled run,
+    and no later checkpoint was ever evaluated."""
+    ckpts, tok = make_run(tmp_path)
+    bad = ckpts / "step-00000010" / ("stage-0.safetensors" if damage == "truncated" else "meta.json")
+    bad.write_bytes(bad.read_bytes()[: len(bad.read_bytes()) // 2])
+    out = tmp_path / "history"
+    with pytest.raises(history.CheckpointsUnreadable) as failed:
+        history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, out, {})
+    assert f"checkpoint file {bad} cannot be read" in str(failed.value) and "step-00000010" in str(failed.value)
+    assert [e["step"] for e in failed.value.new] == [20] == [e["step"] for e in history.read_history(out)]
+    assert not list(out.glob("*step-00000010*"))  # nothing half-written for it
+    (ckpts / "step-00000010").rename(tmp_path / "removed")  # the operator removes it: the next pass is clean
+    assert history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, out, {}) == []

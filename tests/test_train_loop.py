@@ -193,3 +193,16 @@ def test_checkpoints_record_their_run_so_two_runs_step_n_are_told_apart(uninterr
     named = spec(tmp_path / "named", tp=2, pp=2, steps=2).model_copy(update={"run_id": "the train stage's identity"})
     train(named)  # the train stage passes its own identity (its blend and tokenizer too)
     assert checkpoint.read_meta(tmp_path / "named/checkpoints/step-00000002")["run"] == "the train stage's identity"
+
+
+def test_a_damaged_checkpoint_is_named_and_removing_it_resumes_from_the_one_before(uninterrupted, tmp_path):
+    import shutil
+    run = tmp_path / "run"
+    shutil.copytree(uninterrupted / "checkpoints", run / "checkpoints")
+    bad = run / "checkpoints/step-00000008/stage-1.safetensors"
+    bad.write_bytes(bad.read_bytes()[:1000])  # a copy cut short
+    with pytest.raises(Exception, match=f"input file error: checkpoint file {bad} cannot be read"):
+        train(spec(run, tp=2, pp=2))
+    shutil.rmtree(bad.parent)  # what the message says to do: `latest` still names it
+    got = train(spec(run, tp=2, pp=2))
+    assert got == {k: v for k, v in losses(uninterrupted).items() if k > 6}  # resumed from step 6, exactly

@@ -24,12 +24,23 @@ import torch.distributed as dist
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from tasks.core.errors import ConfigError, TrainingError
+from tasks.core.errors import ConfigError, InputFileError, TrainingError
 from trainer import tensor_parallel as tp
 from trainer.pipeline import plain_modules
 
 KEYS = ("param", "exp_avg", "exp_avg_sq")
 LATEST = "latest"
+
+
+class CheckpointUnreadable(InputFileError):
+    """A checkpoint file that cannot be read (truncated, overwritten): names the file; the other
+    checkpoints may be fine (the scheduled evaluation goes on with them)."""
+
+
+def _unreadable(path: Path, e: Exception) -> CheckpointUnreadable:
+    cause = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return CheckpointUnreadable(f"checkpoint file {path} cannot be read ({type(e).__name__}: {cause}): the "
+                                f"checkpoint is damaged; remove {Path(path).parent} to use the one before it")
 
 
 def _params(engine):
@@ -219,12 +230,25 @@ def prune(directory: Path, keep: int) -> None:
 
 
 def latest(directory: Path) -> Path | None:
+    """The checkpoint `latest` names; if that folder was removed (a damaged checkpoint deleted by hand, the
+    usual way back to the one before), the newest complete checkpoint left."""
     pointer = Path(directory) / LATEST
-    return Path(directory) / pointer.read_text(encoding="utf-8").strip() if pointer.is_file() else None
+    if not pointer.is_file():
+        return None
+    named = Path(directory) / pointer.read_text(encoding="utf-8").strip()
+    if named.is_dir():
+        return named
+    left = sorted(p for p in Path(directory).glob("step-*")
+                  if p.is_dir() and not p.name.endswith(".partial") and (p / "meta.json").is_file())
+    return left[-1] if left else None
 
 
 def read_meta(folder: Path) -> dict:
-    return json.loads((Path(folder) / "meta.json").read_text(encoding="utf-8"))
+    path = Path(folder) / "meta.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise _unreadable(path, e) from None
 
 
 def check_model(meta: dict, model, folder: Path) -> None:
@@ -240,22 +264,36 @@ class Tensors:
     """Whole tensors by name across a checkpoint's stage files (read lazily, no pickle)."""
 
     def __init__(self, folder: Path):
-        self.files = [safe_open(str(f), framework="pt") for f in sorted(Path(folder).glob("stage-*.safetensors"))]
+        self.files, self.paths = [], {}
+        for path in sorted(Path(folder).glob("stage-*.safetensors")):
+            try:
+                self.files.append(safe_open(str(path), framework="pt"))
+            except Exception as e:  # noqa: BLE001 - safetensors' own SafetensorError, which names no file
+                raise _unreadable(path, e) from None
+            self.paths[id(self.files[-1])] = path
         self.where = {k: f for f in self.files for k in f.keys()}
 
     def __getitem__(self, key: str) -> torch.Tensor:
         if key not in self.where:
             raise ConfigError(f"checkpoint has no tensor {key}")
-        return self.where[key].get_tensor(key)
+        try:
+            return self.where[key].get_tensor(key)
+        except Exception as e:  # noqa: BLE001
+            raise _unreadable(self.paths[id(self.where[key])], e) from None
 
     def local(self, key: str, module, attr: str) -> torch.Tensor:
         """This rank's part only, read as a slice (a rank never holds a whole sharded tensor)."""
         if key not in self.where:
             raise ConfigError(f"checkpoint has no tensor {key}")
-        view = self.where[key].get_slice(key)
-        dim, start, stop = tp.local_range(module, attr, view.get_shape())
-        index = tuple(slice(start, stop) if d == dim else slice(None) for d in range(len(view.get_shape())))
-        return view[index]
+        try:
+            view = self.where[key].get_slice(key)
+            dim, start, stop = tp.local_range(module, attr, view.get_shape())
+            index = tuple(slice(start, stop) if d == dim else slice(None) for d in range(len(view.get_shape())))
+            return view[index]
+        except Exception as e:  # noqa: BLE001
+            if isinstance(e, ConfigError):
+                raise
+            raise _unreadable(self.paths[id(self.where[key])], e) from None
 
 
 def load(engine, folder: Path) -> dict:
@@ -278,8 +316,11 @@ def load(engine, folder: Path) -> dict:
     rng = Path(folder) / f"rng-{engine.rank}.safetensors"
     same_layout = meta["layout"] == {"tp": engine.par.tp, "pp": engine.par.pp, "dp": engine.par.dp}
     if same_layout and rng.is_file():
-        with safe_open(str(rng), framework="pt") as f:
-            torch.set_rng_state(f.get_tensor("torch"))
-            if "cuda" in f.keys() and torch.cuda.is_available():
-                torch.cuda.set_rng_state(f.get_tensor("cuda"))
+        try:
+            with safe_open(str(rng), framework="pt") as f:
+                torch.set_rng_state(f.get_tensor("torch"))
+                if "cuda" in f.keys() and torch.cuda.is_available():
+                    torch.cuda.set_rng_state(f.get_tensor("cuda"))
+        except Exception as e:  # noqa: BLE001
+            raise _unreadable(rng, e) from None
     return meta

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from tasks.core.errors import ConfigError
+from tasks.core.errors import ConfigError, InputFileError
 from tasks.core.passes import atomic_write_text
 from tasks.evaluate.config import EvaluateParams
 from tasks.evaluate.run import RESULTS, run
@@ -73,11 +73,19 @@ def _entry(key: str, results: dict) -> dict:
             "metrics": {f"{r['task']}/{r['shots']}-shot/{r['metric']}": r["value"] for r in results["rows"]}}
 
 
+class CheckpointsUnreadable(InputFileError):
+    """Damaged checkpoints, each reported and left out of the history; the others were evaluated."""
+
+
 def evaluate_new(checkpoints_dir: Path, tokenizer: Path, cfg: EvaluateParams, benchmarks_dir: Path,
                  history_dir: Path, provenance: dict) -> list[dict]:
-    """Evaluate every complete checkpoint not in the history; returns the new history entries."""
+    """Evaluate every complete checkpoint not in the history; returns the new history entries. A checkpoint
+    whose files cannot be read is reported and left for the next pass, after the others are evaluated
+    (one damaged checkpoint stopped every later one from being evaluated, on every scheduled run); the
+    pass then fails with CheckpointsUnreadable naming them."""
+    from trainer.checkpoint import CheckpointUnreadable
     history_dir = Path(history_dir)
-    new = []
+    new, damaged = [], []
     with _lock(history_dir):
         done = {e["checkpoint"] for e in read_history(history_dir)}
         for folder in complete_checkpoints(checkpoints_dir):
@@ -95,6 +103,11 @@ def evaluate_new(checkpoints_dir: Path, tokenizer: Path, cfg: EvaluateParams, be
                 shutil.rmtree(tmp, ignore_errors=True)
                 try:
                     results = run(folder, tokenizer, cfg, benchmarks_dir, tmp, {**provenance, "key": key})
+                except CheckpointUnreadable as e:
+                    print(f"evaluate: {folder.name} not evaluated: {e}", file=sys.stderr)
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    damaged.append(f"{folder.name} ({e})")
+                    continue
                 except (FileNotFoundError, ConfigError):
                     if not folder.exists():  # pruned while being read: nothing to evaluate any more
                         print(f"evaluate: {folder.name} was removed while being evaluated; skipped", file=sys.stderr)
@@ -117,4 +130,9 @@ def evaluate_new(checkpoints_dir: Path, tokenizer: Path, cfg: EvaluateParams, be
             entry = _entry(key, results)
             _append(history_dir, entry)
             new.append(entry)
+    if damaged:
+        failed = CheckpointsUnreadable(f"{len(damaged)} checkpoint(s) of {checkpoints_dir} could not be read and are "
+                                       f"left out of the history ({len(new)} evaluated): " + "; ".join(damaged))
+        failed.new = new
+        raise failed
     return new
