@@ -17,8 +17,10 @@ from flows.stages import DEFAULT_PARAMS, resolve
 from tasks.core import interrupts
 from tasks.core.config import PipelineParams
 from tasks.core.errors import describe
+from tasks.core.stage import Context
 from tasks.evaluate import history as hist
 from tasks.evaluate import provenance
+from tasks.evaluate.stage import check_tokenizer
 
 
 def history_markdown(entries: list[dict], new: int) -> str:
@@ -69,7 +71,8 @@ def evaluate_checkpoints(params: PipelineParams = DEFAULT_PARAMS, params_file: s
         logger.warning("no checkpoint folder %s (no training run has saved a checkpoint there yet)", ckpts)
     failed = None
     try:
-        new = hist.evaluate_new(ckpts, tokenizer, p.evaluate, Path(p.paths.benchmarks_dir), history, prov)
+        new = hist.evaluate_new(ckpts, tokenizer, p.evaluate, Path(p.paths.benchmarks_dir), history, prov,
+                                check=lambda: check_tokenizer(Context("evaluate", str(data))))  # tokenize's own
     except hist.CheckpointsUnreadable as e:  # the others were evaluated: their history is published, then the failure
         new, failed = e.new, e
     entries = hist.read_history(history)

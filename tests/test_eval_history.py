@@ -163,3 +163,21 @@ def test_a_damaged_checkpoint_is_named_and_the_others_are_evaluated(tmp_path, be
     assert not list(out.glob("*step-00000010*"))  # nothing half-written for it
     (ckpts / "step-00000010").rename(tmp_path / "removed")  # the operator removes it: the next pass is clean
     assert history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, out, {}) == []
+
+
+def test_the_check_runs_once_before_the_first_evaluation_only(tmp_path, benchmarks_dir):
+    """The flow checks the tokenizer against tokenize's marker: once, and not for a pass with nothing new."""
+    ckpts, tok = make_run(tmp_path)
+    calls = []
+    history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, tmp_path / "history", {}, check=lambda: calls.append(1))
+    assert calls == [1]
+    history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, tmp_path / "history", {}, check=lambda: calls.append(2))
+    assert calls == [1]
+
+    def refuse():
+        raise ConfigError("the tokenizer changed")
+    (ckpts / "step-00000030.partial").rename(ckpts / "step-00000030")
+    (ckpts / "step-00000030" / "meta.json").write_text((ckpts / "step-00000020" / "meta.json").read_text())
+    with pytest.raises(ConfigError, match="the tokenizer changed"):
+        history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, tmp_path / "history", {}, check=refuse)
+    assert len(history.read_history(tmp_path / "history")) == 2

@@ -67,6 +67,13 @@ def test_train_stage_trains_checkpoints_exports_and_validates(blended, monkeypat
     with pytest.raises(UnfinishedInput, match=f"stage 'evaluate': {shard} changed since stage 'train' wrote it"):
         run_stage("evaluate", p)
     shard.write_bytes(good)
+    # nor with a tokenizer edited since tokenize wrote it (train refuses it; evaluate scored other tokens)
+    tokenizer = blended / "data/tokenize/tokenizer/tokenizer.json"
+    text = tokenizer.read_text()
+    tokenizer.write_text(text + "\n")
+    with pytest.raises(UnfinishedInput, match=f"stage 'evaluate': {tokenizer} changed since stage 'tokenize' wrote it"):
+        run_stage("evaluate", p)
+    tokenizer.write_text(text)
 
 
 def test_a_layout_that_does_not_fit_fails_before_launching(blended):

@@ -99,29 +99,30 @@ def check_input_shards(ctx: "Context") -> None:
                                   f"'{ctx.input_stage}' wrote {written[name]}: {rerun}")
 
 
-def check_input_passes(ctx: "Context", input_stage: "Stage") -> None:
+def check_input_passes(ctx: "Context", input_stage: "Stage", names: tuple[str, ...] | None = None) -> None:
     """An input stage whose output is a global pass (tokenize's blend, train's model): every global pass
-    of it against its marker, file by file by sha256 (a checkpoint changed at the same size would be
-    evaluated silently otherwise). This reads the input once more; the stages that read it (a training
-    run, an evaluation) read it whole anyway. Markers are DVC outputs beside the folders (dvc.yaml)."""
+    of it (or those `names`) against its marker, file by file by sha256 (a checkpoint changed at the same
+    size would be evaluated silently otherwise). This reads the input once more; the stages that read it (a
+    training run, an evaluation) read it whole anyway. Markers are DVC outputs beside the folders (dvc.yaml).
+    `input_stage` may be another stage than the context's input (evaluate reads tokenize's tokenizer too)."""
     from tasks.core.errors import UnfinishedInput
     from tasks.core.passes import global_output_change
 
-    root = Path(ctx.data_dir) / ctx.input_stage
-    stats = root / "stats.json"
+    source = input_stage.name
+    stats = Path(ctx.data_dir) / source / "stats.json"
     if stats.is_file() and json.loads(stats.read_text(encoding="utf-8")).get("adopted"):
         return
     for ps in input_stage.passes:
-        if isinstance(ps, GlobalPass):
+        if isinstance(ps, GlobalPass) and (names is None or ps.name in names):
             out = input_stage.pass_root(ctx.data_dir, ps)
             change = global_output_change(out, out.with_name(f"{out.name}.done.json"))
             if change is not None:
                 kind, path = change
-                what = {"missing": f"{path} of stage '{ctx.input_stage}' is missing",
-                        "added": f"{path} was not written by stage '{ctx.input_stage}'",
-                        "changed": f"{path} changed since stage '{ctx.input_stage}' wrote it (its sha256 is not "
+                what = {"missing": f"{path} of stage '{source}' is missing",
+                        "added": f"{path} was not written by stage '{source}'",
+                        "changed": f"{path} changed since stage '{source}' wrote it (its sha256 is not "
                                    f"the one its marker records)"}[kind]
-                raise UnfinishedInput(f"stage '{ctx.stage}': {what}: rerun `python -m tasks {ctx.input_stage}`")
+                raise UnfinishedInput(f"stage '{ctx.stage}': {what}: rerun `python -m tasks {source}`")
 
 
 def changed_input(ctx: "Context", files) -> Exception | None:

@@ -14,7 +14,7 @@ import shutil
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from tasks.core.errors import ConfigError, InputFileError
 from tasks.core.passes import atomic_write_text
@@ -78,11 +78,12 @@ class CheckpointsUnreadable(InputFileError):
 
 
 def evaluate_new(checkpoints_dir: Path, tokenizer: Path, cfg: EvaluateParams, benchmarks_dir: Path,
-                 history_dir: Path, provenance: dict) -> list[dict]:
+                 history_dir: Path, provenance: dict, check: Callable[[], None] | None = None) -> list[dict]:
     """Evaluate every complete checkpoint not in the history; returns the new history entries. A checkpoint
     whose files cannot be read is reported and left for the next pass, after the others are evaluated
     (one damaged checkpoint stopped every later one from being evaluated, on every scheduled run); the
-    pass then fails with CheckpointsUnreadable naming them."""
+    pass then fails with CheckpointsUnreadable naming them. `check` runs once, before the first checkpoint
+    is evaluated (the flow's check of the tokenizer: a pass with nothing new needs no tokenizer yet)."""
     from trainer.checkpoint import CheckpointUnreadable
     history_dir = Path(history_dir)
     new, damaged = [], []
@@ -99,6 +100,9 @@ def evaluate_new(checkpoints_dir: Path, tokenizer: Path, cfg: EvaluateParams, be
             if (final / RESULTS).is_file() and json.loads((final / RESULTS).read_text(encoding="utf-8")).get("key") == key:
                 results = json.loads((final / RESULTS).read_text(encoding="utf-8"))  # evaluated, not yet listed
             else:
+                if check is not None:
+                    check()
+                    check = None
                 tmp = history_dir / f".{results_folder(key)}.partial"
                 shutil.rmtree(tmp, ignore_errors=True)
                 try:

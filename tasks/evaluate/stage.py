@@ -49,10 +49,24 @@ def build_results(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
             "eval_seconds": results["seconds"]}
 
 
-def check_tasks(p: PipelineParams, ctx: Context) -> None:
-    """Every configured task's files load (a missing or malformed file is refused before the stage's
-    last results are removed)."""
+def check_tokenizer(ctx: Context) -> None:
+    """The tokenizer is the one tokenize wrote (its marker's sha256): the train stage refuses an edited one,
+    and an evaluation with another would score other tokens under the model's name. The stage and the
+    scheduled evaluation of checkpoints both check it. A tokenizer no tokenize run wrote (no marker: put
+    there by hand with a model trained elsewhere) is taken as it is, as adopted outputs are."""
+    from tasks.core.registry import stage
+    from tasks.core.stage import check_input_passes
+    tokenize = stage("tokenize")
+    out = tokenize.pass_root(ctx.data_dir, next(ps for ps in tokenize.passes if ps.name == "tokenizer"))
+    if out.with_name(f"{out.name}.done.json").is_file():
+        check_input_passes(ctx, tokenize, ("tokenizer",))
+
+
+def check_inputs(p: PipelineParams, ctx: Context) -> None:
+    """The tokenizer is tokenize's, and every configured task's files load (a missing or malformed file is
+    refused before the stage's last results are removed)."""
     from tasks.evalsets.loaders import load_task
+    check_tokenizer(ctx)
     for name in p.evaluate.tasks:
         load_task(name, p.paths.benchmarks_dir, fewshot=any(p.evaluate.shot_counts(name)))
 
@@ -66,6 +80,6 @@ STAGE = Stage(
                        inputs=_inputs),),
     suite="tasks.validation.evaluate",
     cites_lineage=True,
-    check=check_tasks,
+    check=check_inputs,
     other_inputs=_other_inputs,
 )
