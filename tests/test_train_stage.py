@@ -74,6 +74,12 @@ def test_train_stage_trains_checkpoints_exports_and_validates(blended, monkeypat
     with pytest.raises(UnfinishedInput, match=f"stage 'evaluate': {tokenizer} changed since stage 'tokenize' wrote it"):
         run_stage("evaluate", p)
     tokenizer.write_text(text)
+    # the finished run with another global batch: the same run, resumed, no step to train; the report said
+    # the new batch (and the tokens it would have made), which no step had trained at
+    wider = params(blended, parallel={**SAMPLE["parallel"], "global_batch": 8})
+    stats = run_stage("train", wider)
+    assert stats["global_batch"] == 4 and stats["resumed_from_step"] == again["steps"] == stats["steps"]
+    assert any("parallel.global_batch is 8 but the run's last step trained at 4" in w for w in stats["warnings"])
 
 
 def test_a_layout_that_does_not_fit_fails_before_launching(blended):

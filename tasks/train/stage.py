@@ -153,6 +153,10 @@ def build_model(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
     identity = run_identity(cfg, ctx)
     spec = spec.model_copy(update={"run_id": identity})  # its checkpoints record it (the scheduled evaluation)
     _work_folder(work, identity)
+    start = checkpoint.latest(work / "checkpoints")
+    resumed_from = checkpoint.read_meta(start)["step"] if start is not None else 0
+    if start is not None:
+        print(f"train: resuming the run in {work} from its checkpoint {start.name}", file=sys.stderr)
     (work / "run.json").write_text(spec.model_dump_json(), encoding="utf-8")
     try:
         launch.run("trainer.run", work / "run.json", cfg.parallel.world_size, work / "launch.log",
@@ -171,7 +175,10 @@ def build_model(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
     report = {"profile": p.train.profile, "steps": meta["step"], "tokens": meta["consumed_tokens"], "samples": meta["consumed_samples"],
               "train_tokens": cfg.schedule.train_tokens or whole_batches(
                   samples, cfg.schedule, cfg.parallel, m.seq_len) * m.seq_len,
-              "global_batch": cfg.parallel.global_batch, "parameters": parameters(m),
+              # the batch the last step trained at (metrics.csv), not params.yaml's: a finished run resumed with
+              # another global_batch trains no step at it
+              "global_batch": int(rows[-1]["global_batch"]) if rows else cfg.parallel.global_batch,
+              "resumed_from_step": resumed_from, "parameters": parameters(m),
               "layout": meta["layout"], "final_loss": float(rows[-1]["loss"]) if rows else None,
               "first_loss": float(rows[0]["loss"]) if rows else None,
               "tokens_per_s": statistics.median(float(r["tokens_per_s"]) for r in rows) if rows else None,
@@ -210,12 +217,21 @@ def _check(p: PipelineParams, ctx: Context) -> None:
 
 
 def warnings(stats: dict, p: PipelineParams) -> list[str]:
-    """A warmup longer than the run: Megatron allows it, and the learning rate never reaches its peak."""
-    warmup, trained = p.train.profiles[p.train.profile].schedule.warmup_tokens, stats.get("tokens")
-    if trained is None or warmup <= trained:
-        return []
-    return [f"train.profiles.{p.train.profile}.schedule.warmup_tokens ({warmup:,}) is more than the {trained:,} tokens "
-            f"trained: the learning rate rose to {trained / warmup:.1%} of its peak and never decayed"]
+    """A warmup longer than the run: Megatron allows it, and the learning rate never reaches its peak. A
+    global batch in params.yaml that the run's last step did not train at: a finished run resumed with it
+    (the batch is layout, as in Megatron: a resumed run goes on from its samples at the new batch)."""
+    out = []
+    recipe = p.train.profiles[p.train.profile]
+    warmup, trained = recipe.schedule.warmup_tokens, stats.get("tokens")
+    if trained is not None and warmup > trained:
+        out.append(f"train.profiles.{p.train.profile}.schedule.warmup_tokens ({warmup:,}) is more than the {trained:,} "
+                   f"tokens trained: the learning rate rose to {trained / warmup:.1%} of its peak and never decayed")
+    last = stats.get("global_batch")
+    if last is not None and last != recipe.parallel.global_batch and not recipe.schedule.rampup_start:
+        out.append(f"train.profiles.{p.train.profile}.parallel.global_batch is {recipe.parallel.global_batch} but the "
+                   f"run's last step trained at {last} (it resumed from step {stats.get('resumed_from_step', 0)}; "
+                   f"metrics.csv has the batch of every step)")
+    return out
 
 
 STAGE = Stage(
