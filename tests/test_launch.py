@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,18 @@ def test_a_local_launch_leaves_the_port_to_torchrun(tmp_path):
     assert "--standalone" not in cmd and cmd[cmd.index("--master-port") + 1] == "29511"
     cmd = launch.command("trainer.run", tmp_path / "run.json", 2, LaunchParams(master_addr="10.0.0.1"))
     assert cmd[cmd.index("--master-addr") + 1] == "10.0.0.1" and "--master-port" in cmd
+
+
+def test_the_echoed_output_ends_its_last_line(tmp_path):
+    """A progress bar redraws its line with \\r and no newline: the `interrupted: ...` line after Ctrl-C (or an
+    error line) was glued to its end."""
+    import io
+
+    from trainer.launch import _run_echoing
+    echo = io.BytesIO()
+    bar = "import sys; sys.stdout.write('train  50%|#####     | 100/200 [00:01<00:01]\\r'); sys.stdout.flush()"
+    assert _run_echoing([sys.executable, "-c", bar], tmp_path / "launch.log", echo, None) == 0
+    assert echo.getvalue().endswith(b"00:01]\r\n")
+    echo = io.BytesIO()
+    assert _run_echoing([sys.executable, "-c", "print('done')"], tmp_path / "launch.log", echo, None) == 0
+    assert echo.getvalue() == b"done\n"  # a complete last line gets nothing more

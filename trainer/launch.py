@@ -162,12 +162,14 @@ def _run_echoing(cmd: list[str], log: Path, echo, timeout: float | None) -> int:
     timer = threading.Timer(timeout, stop, (proc,)) if timeout else None
     if timer:
         timer.start()
+    last = b"\n"
     try:
         with open(log, "ab") as out:
             while chunk := os.read(proc.stdout.fileno(), 65536):
                 out.write(chunk)
                 echo.write(chunk)
                 echo.flush()
+                last = chunk[-1:]
         return proc.wait()
     finally:
         if timer:
@@ -175,6 +177,9 @@ def _run_echoing(cmd: list[str], log: Path, echo, timeout: float | None) -> int:
         if proc.poll() is None:  # the caller was interrupted: take the ranks down with it
             stop(proc)
             proc.wait()
+        if last not in (b"\n", b""):  # a progress bar's line (\r-redrawn) ended: what follows, e.g. the
+            echo.write(b"\n")         # interrupted or error line, starts on a line of its own
+            echo.flush()
 
 
 def stop(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
