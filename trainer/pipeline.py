@@ -61,7 +61,8 @@ def build_pipeline(p: ModelParams, par: ParallelParams, group=None, seed: int = 
     from deepspeed.pipe import PipelineModule
     pipe = PipelineModule(layers=layer_specs(p, group), topology=process_topology(par),
                           partition_method=par.partition, activation_checkpoint_interval=int(par.recompute),
-                          checkpointable_layers=["Block"])  # not the embeddings: their input is tokens
+                          checkpointable_layers=["Block"],  # not the embeddings: their input is tokens
+                          base_seed=seed)  # only printed (no seed_layers: init_parameters seeds), so truthfully
     init_parameters(plain_modules(pipe, p.n_layer), p, seed)
     if TIED in pipe.tied_modules:  # the loss is computed on the last stage, which holds the head
         pipe.loss_fn = pipe.tied_modules[TIED].lm_loss
