@@ -210,6 +210,20 @@ def test_task_metrics_on_a_real_task(lm, benchmarks_dir):
     assert [r["metric"] for r in lam] == ["acc", "perplexity"] and lam[1]["value"] > 1
 
 
+def test_few_shot_prompts_cut_to_the_window_are_counted_and_warned_of(lm):
+    """At the sample's 128-token window most few-shot prompts lost their shots to the left truncation, and
+    the few-shot scores read as zero-shot ones, with nothing saying so."""
+    from tasks.evaluate.evaluator import cut_shots_warnings
+    task = TaskData("lambada", [{"text": f"the cat sat on mat {i}"} for i in range(8)], ("text",))
+    scorer = Scorer(lm, progress=False)
+    zero, five = evaluate_task(scorer, task, 0), evaluate_task(scorer, task, 5)
+    assert zero[0]["cut"] == 0 and five[0]["cut"] == five[0]["n"] == 8  # 32 tokens hold no 5 shots here
+    assert cut_shots_warnings(zero) == []
+    assert cut_shots_warnings(five, 32) == [
+        "lambada 5-shot: the prompts of 8 of 8 docs were cut to the model's 32-token window, losing shots: the score "
+        "reads fewer than 5 shots"]
+
+
 def test_generation_greedy_and_sampled(lm):
     from tasks.evaluate.generate import generate
     greedy = generate(lm, "The cat", 8)
@@ -260,3 +274,16 @@ def test_the_lineage_names_a_stage_left_out_of_dvc_lock_instead_of_citing_its_ol
     lines = lineage({"rows": [], "provenance": prov})
     assert "data: sample not recorded in dvc.lock: its code changed while the run was under way" in lines
     assert not [x for x in lines if "md5 old" in x]
+
+
+def test_the_stage_warns_of_few_shot_prompts_cut_to_the_window(tmp_path):
+    from tasks.core.config import parse_params
+    from tasks.evaluate.stage import warnings
+    p = parse_params({"paths": {"data_dir": str(tmp_path / "data")}})
+    assert warnings({}, p) == []  # no results (yet)
+    results = tmp_path / "data/evaluate/results/results.json"
+    results.parent.mkdir(parents=True)
+    row = {"task": "lambada", "shots": 15, "metric": "acc", "value": 0.1, "stderr": 0.1, "n": 40, "skipped": 0}
+    results.write_text(json.dumps({"rows": [{**row, "cut": 39}, {**row, "shots": 0, "cut": 0}]}))
+    assert warnings({}, p) == ["lambada 15-shot: the prompts of 39 of 40 docs were cut to the model's window, losing "
+                               "shots: the score reads fewer than 15 shots"]

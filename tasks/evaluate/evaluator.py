@@ -46,14 +46,17 @@ def evaluate_task(scorer: Scorer, task: TaskData, shots: int, seed: int = 1234,
         prefixes = fewshot_prefixes(indices, docs, pool, shots, seed, task.name in DRAWS_ONE_MORE)
     except ConfigError as e:
         raise ConfigError(f"task {task.name}: {e}") from None
-    scored = scorer.score([docs[i].pairs(p) for i, p in zip(indices, prefixes)], desc=f"{task.name} {shots}-shot")
+    requests = [docs[i].pairs(p) for i, p in zip(indices, prefixes)]
+    scored = scorer.score(requests, desc=f"{task.name} {shots}-shot")
     per_doc: dict[str, list[float]] = {m: [] for m in ("acc", "acc_norm", "loglik")}
-    skipped = 0
-    for i, lls in zip(indices, scored):
+    skipped = cut = 0
+    for i, lls, pairs in zip(indices, scored, requests):
         doc = docs[i]
         if any(x is None for x in lls):
             skipped += 1
             continue
+        # the prompt cut from the left to the window (lm-eval's truncation): with shots, they go first
+        cut += any(len(c) + len(t) > scorer.window + 1 for c, t in scorer.encode_pairs(pairs))
         if task.name == "lambada":
             (ll, greedy), = lls
             per_doc["acc"].append(float(greedy))
@@ -73,13 +76,26 @@ def evaluate_task(scorer: Scorer, task: TaskData, shots: int, seed: int = 1234,
         if metric == "perplexity":
             ll = per_doc["loglik"]
             value = math.exp(-statistics.fmean(ll))
-            rows.append(_row(task.name, shots, metric, value, value * _stderr(ll), n, skipped))
+            rows.append(_row(task.name, shots, metric, value, value * _stderr(ll), n, skipped, cut))
         else:
             rows.append(_row(task.name, shots, metric, statistics.fmean(per_doc[metric]), _stderr(per_doc[metric]),
-                             n, skipped))
+                             n, skipped, cut))
     return rows
 
 
-def _row(task: str, shots: int, metric: str, value: float, stderr: float, n: int, skipped: int) -> dict:
+def _row(task: str, shots: int, metric: str, value: float, stderr: float, n: int, skipped: int, cut: int) -> dict:
     return {"task": task, "shots": shots, "metric": metric, "value": value,
-            "stderr": None if math.isnan(stderr) else stderr, "n": n, "skipped": skipped}
+            "stderr": None if math.isnan(stderr) else stderr, "n": n, "skipped": skipped, "cut": cut}
+
+
+def cut_shots_warnings(rows: list[dict], window: int | None = None) -> list[str]:
+    """Few-shot rows for which most prompts were cut to the model's window: their shots were dropped from
+    the left, so the score is closer to zero-shot than its k says (lm-eval cuts them the same way, silently)."""
+    out, seen = [], set()
+    for r in rows:  # one line per task and shot setting (its metrics share the prompts)
+        if r["shots"] and r.get("cut", 0) * 2 > r["n"] and (r["task"], r["shots"]) not in seen:
+            seen.add((r["task"], r["shots"]))
+            out.append(f"{r['task']} {r['shots']}-shot: the prompts of {r['cut']} of {r['n']} docs were cut to the "
+                       f"model's {f'{window}-token ' if window else ''}window, losing shots: the score reads fewer than "
+                       f"{r['shots']} shots")
+    return out

@@ -49,6 +49,15 @@ def build_results(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
             "eval_seconds": results["seconds"]}
 
 
+def warnings(stats: dict, p: PipelineParams) -> list[str]:
+    """Few-shot settings whose prompts were mostly cut to the model's window (tasks.evaluate.evaluator)."""
+    import json
+    from tasks.evaluate.evaluator import cut_shots_warnings
+    from tasks.evaluate.run import RESULTS
+    path = Path(p.paths.data_dir) / NAME / "results" / RESULTS
+    return cut_shots_warnings(json.loads(path.read_text(encoding="utf-8"))["rows"]) if path.is_file() else []
+
+
 def check_tokenizer(ctx: Context) -> None:
     """The tokenizer is the one tokenize wrote (its marker's sha256): the train stage refuses an edited one,
     and an evaluation with another would score other tokens under the model's name. The stage and the
@@ -81,5 +90,6 @@ STAGE = Stage(
     suite="tasks.validation.evaluate",
     cites_lineage=True,
     check=check_inputs,
+    warnings=warnings,
     other_inputs=_other_inputs,
 )
