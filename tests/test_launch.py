@@ -103,3 +103,21 @@ def test_the_echoed_output_ends_its_last_line(tmp_path):
     echo = io.BytesIO()
     assert _run_echoing([sys.executable, "-c", "print('done')"], tmp_path / "launch.log", echo, None) == 0
     assert echo.getvalue() == b"done\n"  # a complete last line gets nothing more
+
+
+def test_torchruns_failure_report_stays_in_the_log(tmp_path):
+    """After a rank's one-line error, torchrun printed its own ~30-line report (a launcher traceback and a box
+    of exit codes) to the console, between the rank's line and the stage's."""
+    import io
+
+    from trainer.launch import _run_echoing
+    report = ("E1125 17:27:25.159000 24881 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 2) "
+              "local_rank: 0 (pid: 24885) of binary: python\\nTraceback (most recent call last):\\n  File ...\\n"
+              "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\\n=====\\ntrainer.run FAILED\\n")
+    code = (f"import sys, time; print('input file error: checkpoint file x cannot be read', flush=True); "
+            f"time.sleep(0.2); sys.stdout.write('{report}'); sys.exit(1)")
+    echo = io.BytesIO()
+    assert _run_echoing([sys.executable, "-c", code], tmp_path / "launch.log", echo, None) == 1
+    assert echo.getvalue() == b"input file error: checkpoint file x cannot be read\n"
+    logged = (tmp_path / "launch.log").read_text()
+    assert "input file error" in logged and "ChildFailedError" in logged and "trainer.run FAILED" in logged

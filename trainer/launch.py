@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -162,14 +163,18 @@ def _run_echoing(cmd: list[str], log: Path, echo, timeout: float | None) -> int:
     timer = threading.Timer(timeout, stop, (proc,)) if timeout else None
     if timer:
         timer.start()
-    last = b"\n"
+    last, tail, muted = b"\n", b"", False
     try:
         with open(log, "ab") as out:
             while chunk := os.read(proc.stdout.fileno(), 65536):
                 out.write(chunk)
-                echo.write(chunk)
-                echo.flush()
-                last = chunk[-1:]
+                if not muted:
+                    shown, muted = _before_torchrun_report(tail, chunk)
+                    tail = (tail + chunk)[-512:]
+                    if shown:
+                        echo.write(shown)
+                        echo.flush()
+                        last = shown[-1:]
         return proc.wait()
     finally:
         if timer:
@@ -180,6 +185,21 @@ def _run_echoing(cmd: list[str], log: Path, echo, timeout: float | None) -> int:
         if last not in (b"\n", b""):  # a progress bar's line (\r-redrawn) ended: what follows, e.g. the
             echo.write(b"\n")         # interrupted or error line, starts on a line of its own
             echo.flush()
+
+
+# torchrun's own report of a failed rank: its agent's error line, then a Python traceback of the launcher and a
+# box of the ranks' exit codes (about 30 lines). The console has had the rank's one-line error already, and
+# the stage ends with it; the report stays in launch.log, which that line names.
+_TORCHRUN_REPORT = re.compile(rb"(?m)^E\d{4} [^\n]*?torch/distributed/elastic/multiprocessing/api\.py:\d+\] failed "
+                              rb"\(exitcode")
+
+
+def _before_torchrun_report(tail: bytes, chunk: bytes) -> tuple[bytes, bool]:
+    """(what of `chunk` to echo, whether torchrun's failure report began in it); `tail`: the bytes before it."""
+    found = _TORCHRUN_REPORT.search(tail + chunk)
+    if found is None:
+        return chunk, False
+    return chunk[:max(0, found.start() - len(tail))], True
 
 
 def stop(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
