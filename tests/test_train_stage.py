@@ -76,10 +76,14 @@ def test_train_stage_trains_checkpoints_exports_and_validates(blended, monkeypat
     tokenizer.write_text(text)
     # the finished run with another global batch: the same run, resumed, no step to train; the report said
     # the new batch (and the tokens it would have made), which no step had trained at
-    wider = params(blended, parallel={**SAMPLE["parallel"], "global_batch": 8})
+    # (a batch whose whole batches cover fewer of the blend's samples than batch 4's did)
+    wide = next(b for b in range(6, 64, 2) if blend["samples"] // b * b < blend["samples"] // 4 * 4)
+    wider = params(blended, parallel={**SAMPLE["parallel"], "global_batch": wide})
     stats = run_stage("train", wider)
     assert stats["global_batch"] == 4 and stats["resumed_from_step"] == again["steps"] == stats["steps"]
-    assert any("parallel.global_batch is 8 but the run's last step trained at 4" in w for w in stats["warnings"])
+    assert any(f"parallel.global_batch is {wide} but the run's last step trained at 4" in w for w in stats["warnings"])
+    assert stats["train_tokens"] == stats["tokens"] == again["tokens"]  # the target it trained to
+    assert validate_stage("train", wider).success  # failed: "tokens_off_schedule", against the new batch's
 
 
 def test_a_layout_that_does_not_fit_fails_before_launching(blended):

@@ -40,7 +40,7 @@ class CheckpointUnreadable(InputFileError):
 def _unreadable(path: Path, e: Exception) -> CheckpointUnreadable:
     cause = str(e).splitlines()[0] if str(e) else type(e).__name__
     return CheckpointUnreadable(f"checkpoint file {path} cannot be read ({type(e).__name__}: {cause}): the "
-                                f"checkpoint is damaged; remove {Path(path).parent} to use the one before it")
+                                f"checkpoint {Path(path).parent.name} is damaged")
 
 
 def _params(engine):
@@ -297,7 +297,18 @@ class Tensors:
 
 
 def load(engine, folder: Path) -> dict:
-    """Load checkpoint `folder` into this rank's stage at whatever layout it runs; returns meta."""
+    """Load checkpoint `folder` into this rank's stage at whatever layout it runs; returns meta. A damaged
+    file stops the run naming it, and what to do: removing the folder resumes from the checkpoint before."""
+    try:
+        return _load(engine, folder)
+    except CheckpointUnreadable as e:
+        before = [p for p in Path(folder).parent.glob("step-*") if p.is_dir() and p.name < Path(folder).name
+                  and not p.name.endswith(".partial") and (p / "meta.json").is_file()]
+        then = f"resume from {max(before).name}" if before else "start the run again (no checkpoint before it)"
+        raise CheckpointUnreadable(f"{e}: remove {folder} to {then}") from None
+
+
+def _load(engine, folder: Path) -> dict:
     meta = read_meta(folder)
     check_model(meta, engine.model, folder)
     tensors = Tensors(folder)

@@ -121,7 +121,10 @@ def train(cfg: TrainParams, samples: Samples, out: Path, init_from: Path | None 
                 bar.set_postfix(step=step, loss=f"{loss:.4f}", refresh=False)
             done = position["consumed_tokens"] >= cfg.schedule.train_tokens
             if step % cfg.checkpoint_every == 0 or done:
-                checkpoint.save(engine, ckpt_dir, step, position, run_id or recipe_digest(cfg))
+                # the tokens the schedule trains to, recorded: a finished run resumed with another global batch
+                # (train_tokens 0: whole batches of the blend) trains no step, and its target stays this one
+                checkpoint.save(engine, ckpt_dir, step, {**position, "train_tokens": cfg.schedule.train_tokens},
+                                run_id or recipe_digest(cfg))
                 if leader:
                     checkpoint.prune(ckpt_dir, cfg.keep_checkpoints)
     finally:

@@ -154,7 +154,7 @@ def build_model(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
     spec = spec.model_copy(update={"run_id": identity})  # its checkpoints record it (the scheduled evaluation)
     _work_folder(work, identity)
     start = checkpoint.latest(work / "checkpoints")
-    resumed_from = checkpoint.read_meta(start)["step"] if start is not None else 0
+    resumed_from = int(start.name.removeprefix("step-")) if start is not None else 0  # read by the ranks, not here
     if start is not None:
         print(f"train: resuming the run in {work} from its checkpoint {start.name}", file=sys.stderr)
     (work / "run.json").write_text(spec.model_dump_json(), encoding="utf-8")
@@ -173,7 +173,8 @@ def build_model(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
     every = max(1, len(rows) // CURVE_POINTS)
     m = cfg.model
     report = {"profile": p.train.profile, "steps": meta["step"], "tokens": meta["consumed_tokens"], "samples": meta["consumed_samples"],
-              "train_tokens": cfg.schedule.train_tokens or whole_batches(
+              # what the run trained to (its last checkpoint records it), else what params.yaml asks
+              "train_tokens": meta.get("train_tokens") or cfg.schedule.train_tokens or whole_batches(
                   samples, cfg.schedule, cfg.parallel, m.seq_len) * m.seq_len,
               # the batch the last step trained at (metrics.csv), not params.yaml's: a finished run resumed with
               # another global_batch trains no step at it
