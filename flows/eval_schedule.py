@@ -24,19 +24,25 @@ from tasks.evaluate.stage import check_tokenizer
 
 
 def history_markdown(entries: list[dict], new: int) -> str:
+    """The history as a table and a plot; entries of several training runs (a seed or recipe changed) get a
+    run column and a line per run, so one run's step N is not read as another's."""
+    runs = list(dict.fromkeys(e.get("run", "") for e in entries))
+    several = len(runs) > 1
     lines = [f"## Evaluation history ({len(entries)} checkpoints, {new} new in this run)", ""]
     keys = sorted({k for e in entries for k in e["metrics"] if k.endswith("/acc")})
-    lines += ["| step | tokens | " + " | ".join(k.removesuffix("/acc") for k in keys) + " |",
-              "|---" * (len(keys) + 2) + "|"]
-    for e in sorted(entries, key=lambda e: e["step"]):
-        lines.append(f"| {e['step']} | {e['tokens']:,} | " + " | ".join(
+    lines += [f"| step |{' run |' if several else ''} tokens | " + " | ".join(k.removesuffix("/acc") for k in keys)
+              + " |", "|---" * (len(keys) + 2 + several) + "|"]
+    for e in sorted(entries, key=lambda e: (e["step"], runs.index(e.get("run", "")))):
+        run = f" {e.get('run', '')[:8] or '?'} |" if several else ""
+        lines.append(f"| {e['step']} |{run} {e['tokens']:,} | " + " | ".join(
             f"{e['metrics'][k]:.3f}" if k in e["metrics"] else "" for k in keys) + " |")
     series: dict[str, list[tuple[float, float]]] = {}
     for e in entries:
         for k, v in e["metrics"].items():
             task, shots, metric = k.split("/")
             if metric == "acc" and shots == "0-shot":
-                series.setdefault(task, []).append((e["tokens"] or 0, v))
+                name = f"{task} (run {e.get('run', '')[:8] or '?'})" if several else task
+                series.setdefault(name, []).append((e["tokens"] or 0, v))
     if series:
         lines += ["", "### Zero-shot accuracy against training tokens", "",
                   f"![accuracy]({data_uri(history_png('zero-shot accuracy per task', series))})"]

@@ -181,3 +181,24 @@ def test_the_check_runs_once_before_the_first_evaluation_only(tmp_path, benchmar
     with pytest.raises(ConfigError, match="the tokenizer changed"):
         history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, tmp_path / "history", {}, check=refuse)
     assert len(history.read_history(tmp_path / "history")) == 2
+
+
+def test_the_published_history_tells_two_runs_apart():
+    """After a seed change the table listed two runs' step 150 as two rows alike, and the plot joined both
+    runs into one line per task."""
+    from flows.eval_schedule import history_markdown
+    one = [{"checkpoint": "step-00000150:aa", "run": "fc28b0ec99", "step": 150, "tokens": 153600,
+            "metrics": {"boolq/0-shot/acc": 0.5}}]
+    assert "| step | tokens | boolq/0-shot |" in history_markdown(one, 1)
+    two = one + [{**one[0], "checkpoint": "step-00000150:bb", "run": "3a5571aa00", "metrics": {"boolq/0-shot/acc": 0.4}}]
+    text = history_markdown(two, 1)
+    assert "| step | run | tokens | boolq/0-shot |" in text and "|---|---|---|---|" in text
+    assert "| 150 | fc28b0ec | 153,600 | 0.500 |" in text and "| 150 | 3a5571aa | 153,600 | 0.400 |" in text
+
+
+def test_history_entries_name_their_run(tmp_path, benchmarks_dir):
+    ckpts, tok = make_run(tmp_path)
+    meta = ckpts / "step-00000010" / "meta.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "run": "the run's identity"}))
+    new = history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, tmp_path / "history", {})
+    assert [e["run"] for e in new] == ["the run's identity", ""]  # step 20 was written before runs were recorded

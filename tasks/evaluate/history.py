@@ -66,9 +66,9 @@ def results_folder(key: str) -> str:
     return f"{name}-{digest}"
 
 
-def _entry(key: str, results: dict) -> dict:
+def _entry(key: str, results: dict, run_id: str) -> dict:
     ck = results["provenance"]["checkpoint"]
-    return {"checkpoint": key, "step": ck["step"], "tokens": ck["tokens"],
+    return {"checkpoint": key, "run": run_id, "step": ck["step"], "tokens": ck["tokens"],
             "results": f"{results_folder(key)}/{RESULTS}",
             "metrics": {f"{r['task']}/{r['shots']}-shot/{r['metric']}": r["value"] for r in results["rows"]}}
 
@@ -131,7 +131,11 @@ def evaluate_new(checkpoints_dir: Path, tokenizer: Path, cfg: EvaluateParams, be
                 atomic_write_text(tmp / RESULTS, json.dumps(results, indent=1) + "\n")
                 shutil.rmtree(final, ignore_errors=True)
                 os.replace(tmp, final)
-            entry = _entry(key, results)
+            try:  # the run it belongs to: after a new run, two runs' step-N sit side by side in the history
+                run_id = json.loads((folder / "meta.json").read_text(encoding="utf-8")).get("run", "")
+            except (OSError, ValueError):
+                run_id = ""
+            entry = _entry(key, results, run_id)
             _append(history_dir, entry)
             new.append(entry)
     if damaged:
