@@ -41,8 +41,6 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except KeyboardInterrupt:  # Ctrl-C: finished shards stay done, the rest is redone by the next run
         return interrupts.interrupted(stopped)
-    for line in summary.pop("warnings", []):
-        print(f"warning: {line}", file=sys.stderr)
     print(json.dumps(summary, sort_keys=True))
     return 0
 
@@ -67,14 +65,15 @@ def run(stage: str, params_file: str) -> dict:
         lifeline.guard_descendants()  # what the stage starts (sandboxed extraction, ranks) ends with it
         stats = run_stage(stage, params, validation_follows=True,
                           skip_up_to_date=recorded_validation_stands(stage, params))
+        for line in stats.get("warnings", []):  # before the validation, whose failure they may explain
+            print(f"warning: {line}", file=sys.stderr)
         report = validation_of(stage, params, stats)
     code = registry.stage(stage).code
     if changed_since_loaded(code):  # a failed command is one DVC does not record in dvc.lock
         raise CodeChanged(f"stage '{stage}' ran with the code it loaded, and its code changed on disk meanwhile: "
                           f"its outputs are the old code's, so this run must not be recorded; rerun `python -m "
                           f"tasks {stage}`")
-    summary = {k: stats[k] for k in ("stage", "shards", "docs_in", "docs_out", "dropped", "warnings", "up_to_date")
-               if k in stats}
+    summary = {k: stats[k] for k in ("stage", "shards", "docs_in", "docs_out", "dropped", "up_to_date") if k in stats}
     if report is not None:
         summary["validation"] = {"batches": report.batches, "docs": report.docs}
     return summary

@@ -224,3 +224,19 @@ def test_a_curated_corpus_copied_anew_is_not_converted_again(tmp_path, monkeypat
     assert redone() == 0
     pile.write_bytes(JSONL.replace(b"document 3", b"document 8"))  # same size, other text
     assert redone() == 1
+
+
+def test_the_command_prints_the_warnings_once_on_stderr(tmp_path):
+    """The command prints a stage's warnings as the stage ends, before its validation (whose failure one
+    may explain: they were printed only after a passed validation), and not again in its summary."""
+    import yaml
+
+    from tests.test_errors import cli
+    (tmp_path / "books.jsonl").write_text(json.dumps({"text": "a book about ships"}) + "\n")
+    raw = small_raw(tmp_path / "data", download={"curated": [{"path": str(tmp_path / "books.jsonl")}]})
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    assert cli(tmp_path, "sample").returncode == 0
+    out = cli(tmp_path, "download")
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.startswith("warning: download.curated: 1 documents have no dataset name"), out.stderr
+    assert "warnings" not in json.loads(out.stdout)  # printed once, on stderr
