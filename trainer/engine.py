@@ -68,7 +68,10 @@ def deepspeed_config(par: ParallelParams, opt: OptimParams) -> dict:
         "zero_optimization": {"stage": zero_stage(par, opt)},
         # bf16 gradients summed over many micro-batches lose precision: accumulate them in fp32
         **({"data_types": {"grad_accum_dtype": "fp32"}} if opt.dtype == "bf16" else {}),
-        "bf16": {"enabled": opt.dtype == "bf16"},
+        # each gradient goes to its fp32 accumulator as it is computed: without it DeepSpeed's bf16 optimizer
+        # clears the last stage's gradients once its backward has begun, after the tied head's was computed,
+        # and at pp > 1 the word embedding trained on the first stage's lookup gradient alone
+        "bf16": {"enabled": opt.dtype == "bf16", "immediate_grad_update": True},
         # dynamic loss scaling from 2^16, halved on overflow (the step skipped), doubled after 1000 clean steps
         "fp16": {"enabled": opt.dtype == "fp16", "loss_scale": 0, "initial_scale_power": 16,
                  "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1},
