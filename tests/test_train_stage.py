@@ -167,6 +167,17 @@ def test_a_gpu_machine_is_checked_for_devices_and_memory():
     check_launchable(p, {"gpus": 1, "gib_per_gpu": 18.7}, one_gpu)
 
 
+def test_fp16_on_a_cpu_machine_is_refused_before_anything_moves(tmp_path):
+    """DeepSpeed has no fp16 on CPU: the stage moved the finished run aside (deleting the older one), launched,
+    and every rank failed with exit 1 after torchrun's traceback."""
+    from tasks.train.profiles import check_launchable
+    p = params(tmp_path, optim={"dtype": "fp16"}).train
+    cpu = {"accelerator": "cpu", "devices": 0, "gib_total": 64.0}
+    with pytest.raises(ConfigError, match="profile 'sample' trains in fp16, which DeepSpeed does not support on CPU"):
+        check_launchable(p, {"gpus": 2, "gib_per_gpu": 0.1}, cpu)
+    check_launchable(params(tmp_path, optim={"dtype": "bf16"}).train, {"gpus": 2, "gib_per_gpu": 0.1}, cpu)
+
+
 @pytest.mark.parametrize("change,message", [
     ({"vocab_size": 256}, r"the data's vocabulary \(300 tokens\) does not fit the model's vocab_size 256"),
     ({"seq_len": 32}, "the data's samples hold 16 tokens but the model's seq_len is 32"),

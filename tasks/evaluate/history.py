@@ -123,7 +123,8 @@ def evaluate_new(checkpoints_dir: Path, tokenizer: Path, cfg: EvaluateParams, be
                 except FileNotFoundError:
                     same = False
                 if not same:  # re-saved or pruned while being read: the weights may not be the key's
-                    print(f"evaluate: {folder.name} changed while being evaluated; left for the next run",
+                    print(f"evaluate: {folder.name} " + ("changed while being evaluated; left for the next run"
+                          if folder.exists() else "was removed (pruned by training) while being evaluated; skipped"),
                           file=sys.stderr)
                     shutil.rmtree(tmp, ignore_errors=True)
                     continue

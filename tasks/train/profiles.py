@@ -53,6 +53,11 @@ def check_launchable(train: TrainStageParams, sized: dict, machine: dict | None 
         if sized["gib_per_gpu"] > m["gib_per_device"]:
             raise ConfigError(f"profile {name!r} needs ~{sized['gib_per_gpu']:.1f} GiB per GPU and this machine's "
                               f"have {m['gib_per_device']:.1f} GiB: {hint}")
-    elif ranks * sized["gib_per_gpu"] > m["gib_total"]:
-        raise ConfigError(f"profile {name!r} needs {ranks} ranks of ~{sized['gib_per_gpu']:.1f} GiB and this "
-                          f"machine has {m['gib_total']:.1f} GiB of memory: {hint}")
+    else:
+        dtype = train.profiles[name].optim.dtype
+        if dtype == "fp16":  # DeepSpeed has no fp16 on CPU: it failed in every rank, after the work folder moved
+            raise ConfigError(f"profile {name!r} trains in fp16, which DeepSpeed does not support on CPU: use bf16 or "
+                              f"fp32 here (train.profiles.{name}.optim.dtype), or a GPU machine")
+        if ranks * sized["gib_per_gpu"] > m["gib_total"]:
+            raise ConfigError(f"profile {name!r} needs {ranks} ranks of ~{sized['gib_per_gpu']:.1f} GiB and this "
+                              f"machine has {m['gib_total']:.1f} GiB of memory: {hint}")
