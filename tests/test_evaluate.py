@@ -220,8 +220,8 @@ def test_few_shot_prompts_cut_to_the_window_are_counted_and_warned_of(lm):
     assert zero[0]["cut"] == 0 and five[0]["cut"] == five[0]["n"] == 8  # 32 tokens hold no 5 shots here
     assert cut_shots_warnings(zero) == []
     assert cut_shots_warnings(five, 32) == [
-        "lambada 5-shot: the prompts of 8 of 8 docs were cut to the model's 32-token window, losing shots: the score "
-        "reads fewer than 5 shots"]
+        "few-shot prompts cut to the model's 32-token window, their shots lost, so these scores are not k-shot ones: "
+        "lambada 5-shot (8 of 8)"]
 
 
 def test_generation_greedy_and_sampled(lm):
@@ -285,5 +285,5 @@ def test_the_stage_warns_of_few_shot_prompts_cut_to_the_window(tmp_path):
     results.parent.mkdir(parents=True)
     row = {"task": "lambada", "shots": 15, "metric": "acc", "value": 0.1, "stderr": 0.1, "n": 40, "skipped": 0}
     results.write_text(json.dumps({"rows": [{**row, "cut": 39}, {**row, "shots": 0, "cut": 0}]}))
-    assert warnings({}, p) == ["lambada 15-shot: the prompts of 39 of 40 docs were cut to the model's window, losing "
-                               "shots: the score reads fewer than 15 shots"]
+    assert warnings({}, p) == ["few-shot prompts cut to the model's window, their shots lost, so these scores are not "
+                               "k-shot ones: lambada 15-shot (39 of 40)"]

@@ -89,13 +89,16 @@ def _row(task: str, shots: int, metric: str, value: float, stderr: float, n: int
 
 
 def cut_shots_warnings(rows: list[dict], window: int | None = None) -> list[str]:
-    """Few-shot rows for which most prompts were cut to the model's window: their shots were dropped from
-    the left, so the score is closer to zero-shot than its k says (lm-eval cuts them the same way, silently)."""
-    out, seen = [], set()
-    for r in rows:  # one line per task and shot setting (its metrics share the prompts)
+    """One line naming the few-shot settings for which most prompts were cut to the model's window: their
+    shots were dropped from the left, so those scores are not the k-shot ones they are labelled (lm-eval
+    cuts them the same way, silently)."""
+    cut, seen = [], set()
+    for r in rows:  # once per task and shot setting (its metrics share the prompts)
         if r["shots"] and r.get("cut", 0) * 2 > r["n"] and (r["task"], r["shots"]) not in seen:
             seen.add((r["task"], r["shots"]))
-            out.append(f"{r['task']} {r['shots']}-shot: the prompts of {r['cut']} of {r['n']} docs were cut to the "
-                       f"model's {f'{window}-token ' if window else ''}window, losing shots: the score reads fewer than "
-                       f"{r['shots']} shots")
-    return out
+            cut.append(f"{r['task']} {r['shots']}-shot ({r['cut']} of {r['n']})")
+    if not cut:
+        return []
+    where = f"the model's {window}-token window" if window else "the model's window"
+    return [f"few-shot prompts cut to {where}, their shots lost, so these scores are not k-shot ones: "
+            + ", ".join(cut)]
