@@ -202,3 +202,22 @@ def test_history_entries_name_their_run(tmp_path, benchmarks_dir):
     meta.write_text(json.dumps({**json.loads(meta.read_text()), "run": "the run's identity"}))
     new = history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, tmp_path / "history", {})
     assert [e["run"] for e in new] == ["the run's identity", ""]  # step 20 was written before runs were recorded
+
+
+def test_a_checkpoint_pruned_as_its_files_are_opened_is_skipped_not_called_damaged(tmp_path, benchmarks_dir,
+                                                                                   monkeypatch, capsys):
+    """Training prunes old checkpoints while the schedule evaluates: a stage file listed and then gone is a
+    removed checkpoint, not a damaged one (it failed the whole pass as 'cannot be read', exit 2)."""
+    import shutil
+    from trainer import checkpoint
+    ckpts, tok = make_run(tmp_path)
+    real = checkpoint.safe_open
+
+    def pruned_first(path, *args, **kwargs):
+        if "step-00000010" in str(path) and (ckpts / "step-00000010").exists():
+            shutil.rmtree(ckpts / "step-00000010")  # training's prune lands between the listing and the open
+        return real(path, *args, **kwargs)
+    monkeypatch.setattr(checkpoint, "safe_open", pruned_first)
+    new = history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, tmp_path / "history", {})
+    assert [e["step"] for e in new] == [20]
+    assert "step-00000010 was removed while being evaluated; skipped" in capsys.readouterr().err

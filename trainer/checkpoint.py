@@ -268,6 +268,8 @@ class Tensors:
         for path in sorted(Path(folder).glob("stage-*.safetensors")):
             try:
                 self.files.append(safe_open(str(path), framework="pt"))
+            except FileNotFoundError:  # removed (pruned) since listed: not damaged; the caller tells which
+                raise
             except Exception as e:  # noqa: BLE001 - safetensors' own SafetensorError, which names no file
                 raise _unreadable(path, e) from None
             self.paths[id(self.files[-1])] = path
@@ -296,12 +298,15 @@ class Tensors:
             raise _unreadable(self.paths[id(self.where[key])], e) from None
 
 
-def load(engine, folder: Path) -> dict:
+def load(engine, folder: Path, own: bool = True) -> dict:
     """Load checkpoint `folder` into this rank's stage at whatever layout it runs; returns meta. A damaged
-    file stops the run naming it, and what to do: removing the folder resumes from the checkpoint before."""
+    file stops the run naming it, and for one of the run's `own` checkpoints what to do: removing the folder
+    resumes from the checkpoint before (of a checkpoint given to start from, that would mean nothing)."""
     try:
         return _load(engine, folder)
     except CheckpointUnreadable as e:
+        if not own:
+            raise
         before = [p for p in Path(folder).parent.glob("step-*") if p.is_dir() and p.name < Path(folder).name
                   and not p.name.endswith(".partial") and (p / "meta.json").is_file()]
         then = f"resume from {max(before).name}" if before else "start the run again (no checkpoint before it)"
@@ -332,6 +337,8 @@ def _load(engine, folder: Path) -> dict:
                 torch.set_rng_state(f.get_tensor("torch"))
                 if "cuda" in f.keys() and torch.cuda.is_available():
                     torch.cuda.set_rng_state(f.get_tensor("cuda"))
+        except FileNotFoundError:
+            raise
         except Exception as e:  # noqa: BLE001
             raise _unreadable(rng, e) from None
     return meta
