@@ -204,6 +204,30 @@ def test_a_damaged_checkpoint_is_named_and_removing_it_resumes_from_the_one_befo
     with pytest.raises(Exception, match=f"input file error: checkpoint file {bad} cannot be read .*: the checkpoint "
                                         f"step-00000008 is damaged: remove {bad.parent} to resume from step-00000006"):
         train(spec(run, tp=2, pp=2))
+    with pytest.raises(Exception) as given:  # a damaged checkpoint to start from: named, and no advice to remove it
+        resume_from(run, 8, spec(tmp_path / "fresh", tp=2, pp=2))
+    assert f"checkpoint file {bad} cannot be read" in str(given.value) and "remove" not in str(given.value)
     shutil.rmtree(bad.parent)  # what the message says to do: `latest` still names it
     got = train(spec(run, tp=2, pp=2))
     assert got == {k: v for k, v in losses(uninterrupted).items() if k > 6}  # resumed from step 6, exactly
+
+
+def test_every_sample_once_resumed_at_another_batch_counts_whole_batches_of_what_is_left(tmp_path):
+    """train_tokens 0 trains every sample once in whole batches. A finished run (28 of 30 samples at batch 4)
+    resumed at batch 6 took whole batches of all 30 samples at 6 as its target, and step 8 then needed samples
+    28-34: 'needs a larger blend'. From where it stands no whole batch of 6 is left, so it trains no step; a
+    smaller batch trains what is left; and its checkpoints record one run throughout."""
+    from trainer.loop import recipe_digest
+    s = spec(tmp_path, pp=1, steps=0).model_copy(update={"mock_samples": 30})
+    s = s.model_copy(update={"train": s.train.model_copy(update={
+        "checkpoint_every": 100, "parallel": s.train.parallel.model_copy(update={"global_batch": 4})})})
+    first = train(s)
+    assert sorted(first) == list(range(1, 8))  # 7 batches of 4: 28 samples
+    at = {b: s.model_copy(update={"train": s.train.model_copy(update={
+        "parallel": s.train.parallel.model_copy(update={"global_batch": b})})}) for b in (6, 2)}
+    assert train(at[6]) == first  # no step, no error
+    assert [p.name for p in (tmp_path / "checkpoints").glob("step-*")] == ["step-00000007"]
+    assert sorted(train(at[2])) == list(range(1, 9))  # one batch of the 2 samples left
+    meta = checkpoint.read_meta(checkpoint.latest(tmp_path / "checkpoints"))
+    assert (meta["consumed_samples"], meta["train_tokens"]) == (30, 30 * MODEL.seq_len)
+    assert meta["run"] == checkpoint.read_meta(tmp_path / "checkpoints/step-00000007")["run"] == recipe_digest(s.train)

@@ -66,12 +66,12 @@ def train(cfg: TrainParams, samples: Samples, out: Path, init_from: Path | None 
     from trainer.engine import Engine
     out, seq = Path(out), cfg.model.seq_len
     check_fits(samples, seq, cfg.model.vocab_size)
-    if not cfg.schedule.train_tokens:  # 0: every sample once (as many whole batches as there are)
-        tokens = schedule.whole_batches(len(samples), cfg.schedule, cfg.parallel, seq) * seq
-        if not tokens:
-            raise ConfigError(f"the data has {len(samples)} samples, fewer than one global batch "
-                              f"({schedule.global_batch(0, cfg.schedule, cfg.parallel, seq)})")
-        cfg = cfg.model_copy(update={"schedule": cfg.schedule.model_copy(update={"train_tokens": tokens})})
+    run_id = run_id or recipe_digest(cfg)  # of the recipe as given: train_tokens 0 is resolved below
+    found = checkpoint.latest(out / "checkpoints") or init_from
+    if not cfg.schedule.train_tokens and found is None and not schedule.whole_batches(
+            len(samples), cfg.schedule, cfg.parallel, seq):
+        raise ConfigError(f"the data has {len(samples)} samples, fewer than one global batch "
+                          f"({schedule.global_batch(0, cfg.schedule, cfg.parallel, seq)})")
     schedule.check(cfg.schedule, cfg.parallel)
     engine = Engine.start(cfg.model, cfg.parallel, cfg.optim, cfg.seed)
     # dropout: the same masks across a replica's tensor-parallel ranks (replicated activations must
@@ -80,10 +80,15 @@ def train(cfg: TrainParams, samples: Samples, out: Path, init_from: Path | None 
     ckpt_dir = out / "checkpoints"
     position = {"consumed_samples": 0, "consumed_tokens": 0}
     step = 0
-    found = checkpoint.latest(ckpt_dir) or init_from
     if found is not None:
-        meta = checkpoint.load(engine, found)
+        meta = checkpoint.load(engine, found, own=found is not init_from)
         step, position = meta["step"], {k: meta[k] for k in position}
+    if not cfg.schedule.train_tokens:  # 0: every sample once, in as many whole batches as are left from here
+        # (from the resume position: a global batch changed on resume makes whole batches of what is left,
+        # where whole batches of all the samples at the new batch could end past the data)
+        tokens = schedule.whole_batches(len(samples), cfg.schedule, cfg.parallel, seq,
+                                        position["consumed_samples"]) * seq
+        cfg = cfg.model_copy(update={"schedule": cfg.schedule.model_copy(update={"train_tokens": tokens})})
     leader = engine.rank == 0
     log = MetricsLog(out / "metrics.csv", step) if leader else None
     bar = _progress(cfg, position["consumed_tokens"]) if leader else None
@@ -124,7 +129,7 @@ def train(cfg: TrainParams, samples: Samples, out: Path, init_from: Path | None 
                 # the tokens the schedule trains to, recorded: a finished run resumed with another global batch
                 # (train_tokens 0: whole batches of the blend) trains no step, and its target stays this one
                 checkpoint.save(engine, ckpt_dir, step, {**position, "train_tokens": cfg.schedule.train_tokens},
-                                run_id or recipe_digest(cfg))
+                                run_id)
                 if leader:
                     checkpoint.prune(ckpt_dir, cfg.keep_checkpoints)
     finally:

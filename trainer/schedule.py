@@ -36,9 +36,10 @@ def global_batch(consumed_samples: int, s: ScheduleParams, par: ParallelParams, 
     return min(par.global_batch, s.rampup_start + done * s.rampup_increment)
 
 
-def whole_batches(samples: int, s: ScheduleParams, par: ParallelParams, seq_len: int) -> int:
-    """How many of `samples` the steps consume when every step's batch must be whole (ramp included)."""
-    consumed = 0
+def whole_batches(samples: int, s: ScheduleParams, par: ParallelParams, seq_len: int, start: int = 0) -> int:
+    """How many of `samples` the steps consume, from `start` consumed on, when every step's batch must be
+    whole (ramp included)."""
+    consumed = start
     while consumed + (rows := global_batch(consumed, s, par, seq_len)) <= samples:
         consumed += rows
     return consumed
