@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -176,6 +177,11 @@ def test_fp16_on_a_cpu_machine_is_refused_before_anything_moves(tmp_path):
     with pytest.raises(ConfigError, match="profile 'sample' trains in fp16, which DeepSpeed does not support on CPU"):
         check_launchable(p, {"gpus": 2, "gib_per_gpu": 0.1}, cpu)
     check_launchable(params(tmp_path, optim={"dtype": "bf16"}).train, {"gpus": 2, "gib_per_gpu": 0.1}, cpu)
+    (tmp_path / "hosts").write_text("node-a slots=1\nnode-b slots=1\n")  # the hosts get this machine's accelerator
+    on_hosts = params(tmp_path, optim={"dtype": "fp16"}, launch={"hostfile": str(tmp_path / "hosts")}).train
+    with pytest.raises(ConfigError, match="profile 'sample' trains in fp16, which DeepSpeed does not support on CPU"):
+        check_launchable(on_hosts, {"gpus": 2, "gib_per_gpu": 0.1}, cpu)
+    check_launchable(on_hosts, {"gpus": 2, "gib_per_gpu": 0.1}, {"accelerator": "cuda", "devices": 0, "gib_per_device": 0})
 
 
 @pytest.mark.parametrize("change,message", [
@@ -210,7 +216,7 @@ def test_a_warmup_longer_than_the_run_is_a_warning(tmp_path):
 
 def test_going_back_to_the_previous_run_resumes_it_and_only_an_older_one_is_deleted(tmp_path, capsys):
     """Seed 1234 -> 99 -> 1234 deleted the finished 1234 run in work.previous and trained it again from step 1."""
-    from tasks.train.stage import _work_folder
+    from tasks.train.work_folder import prepare as _work_folder
 
     work = tmp_path / "work"
 
@@ -232,3 +238,51 @@ def test_going_back_to_the_previous_run_resumes_it_and_only_an_older_one_is_dele
     err = capsys.readouterr().err
     assert f"deleted {tmp_path / 'work.previous'}, an earlier run (its latest checkpoint step-00000040)" in err
     assert not (tmp_path / "work.swap").exists()
+
+
+def _runs(tmp_path: Path, work_id: str | None, previous_id: str | None) -> Path:
+    work = tmp_path / "work"
+    for folder, identity in ((work, work_id), (tmp_path / "work.previous", previous_id)):
+        if identity is not None:
+            (folder / "checkpoints" / "step-00000010").mkdir(parents=True)
+            (folder / "identity").write_text(identity)
+    return work
+
+
+@pytest.mark.parametrize("killed_after", ["work moved aside", "previous moved back"])
+def test_a_swap_of_two_runs_killed_half_way_loses_neither(tmp_path, killed_after):
+    """A stage killed between the renames of a swap left one run only in work.swap/, which the next start
+    deleted without a word."""
+    from tasks.train.work_folder import prepare
+    work = _runs(tmp_path, "B", "A")
+    os.replace(work, tmp_path / "work.swap")  # the swap's first rename
+    if killed_after == "previous moved back":
+        os.replace(tmp_path / "work.previous", work)
+    prepare(work, "A")
+    assert (work / "identity").read_text() == "A" and (tmp_path / "work.previous" / "identity").read_text() == "B"
+    assert not (tmp_path / "work.swap").exists()
+    prepare(work, "B")  # and B is still there to go back to
+    assert (work / "identity").read_text() == "B" and (work / "checkpoints" / "step-00000010").is_dir()
+
+
+def test_a_work_folder_killed_before_its_identity_is_not_taken_for_a_run(tmp_path):
+    """A start killed between making work/ and writing its identity left an empty work/; the next start
+    with another run moved it over work.previous/, deleting the real run there."""
+    from tasks.train.work_folder import prepare
+    work = _runs(tmp_path, None, "A")
+    work.mkdir()  # made, identity not yet written
+    (work / "launch.log").write_text("")
+    prepare(work, "B")
+    assert (tmp_path / "work.previous" / "identity").read_text() == "A"
+    assert (work / "identity").read_text() == "B" and not (work / "launch.log").exists()
+    prepare(work, "A")
+    assert (work / "checkpoints" / "step-00000010").is_dir()
+
+
+def test_a_deletion_killed_half_way_is_never_taken_for_a_run(tmp_path):
+    from tasks.train.work_folder import prepare
+    work = _runs(tmp_path, "B", "A")
+    (tmp_path / "work.deleting" / "checkpoints").mkdir(parents=True)  # an earlier run, half deleted
+    prepare(work, "C")
+    assert not (tmp_path / "work.deleting").exists()
+    assert (tmp_path / "work.previous" / "identity").read_text() == "B" and (work / "identity").read_text() == "C"

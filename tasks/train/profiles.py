@@ -41,12 +41,18 @@ def check_launchable(train: TrainStageParams, sized: dict, machine: dict | None 
     from trainer.launch import check
     launch: LaunchParams = train.launch
     ranks = sized["gpus"]
+    name = train.profile
+    # the hosts of a hostfile get this machine's DS_ACCELERATOR (trainer.launch.environment): this holds there too
+    accel = machine["accelerator"] if machine else os.environ.get("DS_ACCELERATOR") or "cpu"
+    if accel == "cpu" and train.profiles[name].optim.dtype == "fp16":
+        # DeepSpeed has no fp16 on CPU: it failed in every rank, after the work folder moved
+        raise ConfigError(f"profile {name!r} trains in fp16, which DeepSpeed does not support on CPU: use bf16 or "
+                          f"fp32 here (train.profiles.{name}.optim.dtype), or a GPU machine")
     if launch.hostfile is not None:
         check(launch, ranks)
         return
     m = machine or this_machine()
     hint = "give train.launch.hostfile to run it on several hosts"
-    name = train.profile
     if m["accelerator"] == "cuda":
         if ranks > m["devices"]:
             raise ConfigError(f"profile {name!r} needs {ranks} GPUs and this machine has {m['devices']}: {hint}")
@@ -54,10 +60,6 @@ def check_launchable(train: TrainStageParams, sized: dict, machine: dict | None 
             raise ConfigError(f"profile {name!r} needs ~{sized['gib_per_gpu']:.1f} GiB per GPU and this machine's "
                               f"have {m['gib_per_device']:.1f} GiB: {hint}")
     else:
-        dtype = train.profiles[name].optim.dtype
-        if dtype == "fp16":  # DeepSpeed has no fp16 on CPU: it failed in every rank, after the work folder moved
-            raise ConfigError(f"profile {name!r} trains in fp16, which DeepSpeed does not support on CPU: use bf16 or "
-                              f"fp32 here (train.profiles.{name}.optim.dtype), or a GPU machine")
         if ranks * sized["gib_per_gpu"] > m["gib_total"]:
             raise ConfigError(f"profile {name!r} needs {ranks} ranks of ~{sized['gib_per_gpu']:.1f} GiB and this "
                               f"machine has {m['gib_total']:.1f} GiB of memory: {hint}")

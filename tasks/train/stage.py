@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import statistics
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 from tasks.core.config import PipelineParams
 from tasks.core.errors import ConfigError, from_line
 from tasks.core.stage import Context, GlobalPass, Stage
+from tasks.train import work_folder
 from trainer.config import TrainParams, padded_vocab, plan
 
 NAME = "train"
@@ -61,49 +61,6 @@ def run_identity(cfg: TrainParams, ctx: Context) -> str:
     run = {k: getattr(cfg, k).model_dump() if hasattr(getattr(cfg, k), "model_dump") else getattr(cfg, k)
            for k in ("model", "optim", "schedule", "seed")}
     return hashlib.sha256(json.dumps([run, data], sort_keys=True).encode()).hexdigest()
-
-
-def _work_folder(work: Path, identity: str) -> None:
-    """Keep the work folder's checkpoints for the same run. Another run (params.yaml changed its model,
-    recipe, seed or data) moves them to `work.previous/`, and a run found there is moved back and resumed:
-    going back to the last run (an lr tried and reverted) loses nothing. Only the run before that is
-    deleted, and the message says so."""
-    def run_in(folder: Path) -> str | None:
-        stamp = folder / "identity"
-        return stamp.read_text(encoding="utf-8") if stamp.is_file() else None
-
-    def described(folder: Path) -> str:
-        from trainer import checkpoint
-        try:
-            last = checkpoint.latest(folder / "checkpoints")
-        except OSError:
-            last = None
-        return f"its latest checkpoint {last.name}" if last is not None and last.is_dir() else "no checkpoint"
-
-    if run_in(work) == identity:
-        return
-    previous = work.with_name(work.name + ".previous")
-    if run_in(previous) == identity:  # back to the run before: swap the two
-        swap = work.with_name(work.name + ".swap")
-        shutil.rmtree(swap, ignore_errors=True)
-        if work.exists():
-            os.replace(work, swap)
-        os.replace(previous, work)
-        if swap.exists():
-            os.replace(swap, previous)
-        print(f"train: params.yaml describes the run in {previous} ({described(work)}): moved back to {work} to "
-              f"resume" + (f"; the other run moved to {previous}" if previous.exists() else ""), file=sys.stderr)
-        return
-    if work.exists():
-        if previous.exists():
-            print(f"train: deleted {previous}, an earlier run ({described(previous)}): only the last other run is "
-                  f"kept", file=sys.stderr)
-            shutil.rmtree(previous)
-        os.replace(work, previous)
-        print(f"train: params.yaml describes another run (model, recipe, seed or data changed): the work folder's "
-              f"run ({described(previous)}) moved to {previous}; this run starts from step 0", file=sys.stderr)
-    work.mkdir(parents=True)
-    (work / "identity").write_text(identity, encoding="utf-8")
 
 
 def _metrics(path: Path) -> list[dict]:
@@ -152,7 +109,7 @@ def build_model(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
     lifeline.wait_for_ranks(work)  # a killed run's last ranks are gone before its folder is reused or moved
     identity = run_identity(cfg, ctx)
     spec = spec.model_copy(update={"run_id": identity})  # its checkpoints record it (the scheduled evaluation)
-    _work_folder(work, identity)
+    work_folder.prepare(work, identity)
     start = checkpoint.latest(work / "checkpoints")
     resumed_from = int(start.name.removeprefix("step-")) if start is not None else 0  # read by the ranks, not here
     if start is not None:

@@ -1,0 +1,101 @@
+"""The train stage's work folder: the run params.yaml describes, and the one run before it.
+
+data/train/work/ holds the current run (its checkpoints, metrics, launch log) and an `identity` file; another
+run moves it to work.previous/, and going back to that run moves it back and resumes it (an lr tried and
+reverted loses nothing). Only the run before those two is deleted, and the message says so.
+
+Every step is a rename, and a stage killed between two of them leaves a state the next start recovers:
+- work.swap/ (a swap of work and work.previous under way) is put back where a folder is missing, never
+  deleted (it deleted the other run silently);
+- a new work folder is made as work.new/ with its identity, then renamed (an empty work/ without one was
+  taken for a run and moved over work.previous/, deleting a real run);
+- a deleted run is renamed to work.deleting/ first, so a half-deleted folder is never mistaken for a run.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from tasks.core.errors import ConfigError
+
+IDENTITY = "identity"
+
+
+def _run_in(folder: Path) -> str | None:
+    stamp = folder / IDENTITY
+    return stamp.read_text(encoding="utf-8") if stamp.is_file() else None
+
+
+def _described(folder: Path) -> str:
+    from trainer import checkpoint
+    try:
+        last = checkpoint.latest(folder / "checkpoints")
+    except OSError:
+        last = None
+    return f"its latest checkpoint {last.name}" if last is not None and last.is_dir() else "no checkpoint"
+
+
+def _holds_a_run(folder: Path) -> bool:
+    """A folder with an identity or any checkpoint (a run from before identities were recorded)."""
+    ckpts = folder / "checkpoints"
+    return _run_in(folder) is not None or (ckpts.is_dir() and any(ckpts.iterdir()))
+
+
+def _sibling(work: Path, suffix: str) -> Path:
+    return work.with_name(work.name + suffix)
+
+
+def _recover(work: Path, previous: Path) -> None:
+    """Finish or undo what a killed start left (see the module's comment)."""
+    shutil.rmtree(_sibling(work, ".new"), ignore_errors=True)
+    shutil.rmtree(_sibling(work, ".deleting"), ignore_errors=True)
+    swap = _sibling(work, ".swap")
+    if not swap.exists():
+        return
+    if not previous.exists():  # killed after the run before was moved back: the other run goes to previous
+        os.replace(swap, previous)
+    elif not work.exists():  # killed after work was moved aside: undo
+        os.replace(swap, work)
+    else:
+        raise ConfigError(f"train: {swap}, {work} and {previous} all exist (a swap of two runs was interrupted "
+                          f"and something else changed them): keep the run you want in {work} and remove {swap}")
+
+
+def _delete(folder: Path, gone: Path) -> None:
+    os.replace(folder, gone)
+    shutil.rmtree(gone)
+
+
+def prepare(work: Path, identity: str) -> None:
+    """Make `work` the folder of the run `identity` (resumable if it ran before), as the module says."""
+    work = Path(work)
+    previous = _sibling(work, ".previous")
+    _recover(work, previous)
+    if _run_in(work) == identity:
+        return
+    if _run_in(previous) == identity:  # back to the run before: swap the two
+        swap = _sibling(work, ".swap")
+        if work.exists():
+            os.replace(work, swap)
+        os.replace(previous, work)
+        if swap.exists():
+            os.replace(swap, previous)
+        print(f"train: params.yaml describes the run in {previous} ({_described(work)}): moved back to {work} to "
+              f"resume" + (f"; the other run moved to {previous}" if previous.exists() else ""), file=sys.stderr)
+        return
+    if work.exists() and not _holds_a_run(work):
+        shutil.rmtree(work)  # no identity and no checkpoint: nothing of a run to keep
+    if work.exists():
+        if previous.exists():
+            print(f"train: deleted {previous}, an earlier run ({_described(previous)}): only the last other run is "
+                  f"kept", file=sys.stderr)
+            _delete(previous, _sibling(work, ".deleting"))
+        os.replace(work, previous)
+        print(f"train: params.yaml describes another run (model, recipe, seed or data changed): the work folder's "
+              f"run ({_described(previous)}) moved to {previous}; this run starts from step 0", file=sys.stderr)
+    new = _sibling(work, ".new")
+    new.mkdir(parents=True)
+    (new / IDENTITY).write_text(identity, encoding="utf-8")
+    os.replace(new, work)
