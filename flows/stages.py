@@ -77,6 +77,8 @@ def run_stage_flow(stage: str, p: PipelineParams) -> dict:
         with watching(next(st for st in STAGES if st.name == stage), p):
             stats = run_stage(stage, p, map_shards=map_with_prefect, validation_follows=True,
                               skip_up_to_date=recorded_validation_stands(stage, p))
+        for line in stats.get("warnings", []):  # before the validation, whose failure they may explain
+            log.warning("%s: %s", stage, line)
         try:
             report = validation_of(stage, p, stats)
         except ExpectationFailed as e:
@@ -90,8 +92,6 @@ def run_stage_flow(stage: str, p: PipelineParams) -> dict:
                  "and they are whole): not run again%s", stage, f"; {json.dumps(counts)}" if counts else "")
     else:
         log.info("%s: %s", stage, json.dumps(counts) if counts else f"done in {stats.get('wall_seconds')} s")
-    for line in stats.get("warnings", []):
-        log.warning("%s: %s", stage, line)
     return {**stats, "artifact": str(artifact)}
 
 

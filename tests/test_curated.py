@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -16,7 +19,7 @@ from tasks.core.config import parse_params
 from tasks.core.errors import ConfigError, InputFileError
 from tasks.core.runner import run_stage
 from tasks.download.curated import CuratedFile, curated_shards, fixed_root, ingest_curated
-from tests.conftest import small_raw
+from tests.conftest import REPO, small_raw
 
 ROWS = [{"text": f"document {i} with some words é", "meta": {"pile_set_name": "Pile-CC" if i % 2 else "Books3"}}
         for i in range(5)]
@@ -236,6 +239,17 @@ def test_the_command_prints_the_warnings_once_on_stderr(tmp_path):
     raw = small_raw(tmp_path / "data", download={"curated": [{"path": str(tmp_path / "books.jsonl")}]})
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     assert cli(tmp_path, "sample").returncode == 0
+    failing = ("import sys, tasks.validation as v\n"
+               "from tasks.core.errors import ExpectationFailed\n"
+               "def fail(stage, *a, **k): raise ExpectationFailed(stage, ['a planted failure'], 'docs')\n"
+               "v.validation_of = fail\n"
+               "from tasks.__main__ import main\n"
+               "sys.exit(main(['download']))\n")
+    failed = subprocess.run([sys.executable, "-c", failing], cwd=tmp_path, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert failed.returncode == 3, failed.stderr  # the warning comes with the failure it may explain
+    assert failed.stderr.splitlines()[0].startswith("warning: download.curated: 1 documents have no dataset name")
+    assert "validation failed: stage 'download' failed validation: a planted failure" in failed.stderr
     out = cli(tmp_path, "download")
     assert out.returncode == 0, out.stderr
     assert out.stderr.startswith("warning: download.curated: 1 documents have no dataset name"), out.stderr
