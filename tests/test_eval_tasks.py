@@ -85,6 +85,13 @@ def test_label_count_mismatch(benchmarks_dir, tmp_path):
      "line 1: label -1 is not the index"),
     ("hellaswag", "hellaswag/hellaswag_val.jsonl", {"ctx": "c", "endings": "a b", "label": 0},
      "line 1: endings is not a list of two or more strings"),
+    # a digit int() refuses (a bare ValueError), and the prompt's own fields when present
+    ("hellaswag", "hellaswag/hellaswag_val.jsonl", {"ctx": "c", "endings": ["a", "b"], "label": "\u00b2"},
+     "line 1: label \".u00b2\" is not the index"),  # json.dumps writes it \\u00b2
+    ("hellaswag", "hellaswag/hellaswag_val.jsonl", {"ctx": "c", "ctx_a": "c", "ctx_b": None, "endings": ["a", "b"],
+                                                    "label": 0}, "line 1: field 'ctx_b' is null, not a string"),
+    ("hellaswag", "hellaswag/hellaswag_val.jsonl", {"ctx": "c", "activity_label": 3, "endings": ["a", "b"],
+                                                    "label": 0}, "line 1: field 'activity_label' is 3, not a string"),
     ("anli_r2", "anli/R2/test.jsonl", {"context": "c", "hypothesis": "h", "label": "x"},
      "line 1: label \"x\" not e/n/c"),
     ("lambada", "lambada/lambada_test.jsonl", {"text": 17}, "line 1: field 'text' is 17, not a string"),

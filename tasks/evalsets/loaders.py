@@ -133,10 +133,12 @@ def _hellaswag_values(row: dict) -> str | None:
     if not (isinstance(endings, list) and len(endings) >= 2 and all(isinstance(e, str) for e in endings)):
         return "endings is not a list of two or more strings"
     # an int, or its digits as a string (the Hugging Face copy); "" is the unlabeled test split's
-    if isinstance(label, bool) or not (isinstance(label, int) or (isinstance(label, str) and label.isdigit())) \
+    # (isdecimal, not isdigit: "²" is a digit that int() refuses)
+    if isinstance(label, bool) or not (isinstance(label, int) or (isinstance(label, str) and label.isdecimal())) \
             or not 0 <= int(label) < len(endings):
         return f"label {json.dumps(label)[:40]} is not the index of one of its {len(endings)} endings"
-    return _strings(row, ("ctx",))
+    # ctx_a, ctx_b and activity_label make the prompt where present (prompts.py), ctx where not
+    return _strings(row, ("ctx",) + tuple(k for k in ("ctx_a", "ctx_b", "activity_label") if k in row))
 
 
 def _anli_values(row: dict) -> str | None:
