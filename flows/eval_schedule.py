@@ -58,7 +58,8 @@ def evaluate_checkpoints(params: PipelineParams = DEFAULT_PARAMS, params_file: s
         params: Every pipeline parameter; `evaluate` says which tasks and shots.
         params_file: A params file to read instead of `params` (leave empty to use `params`).
         checkpoints_dir: The training run's checkpoint folder (step-* folders); empty: the train stage's,
-            `<paths.data_dir>/train/work/checkpoints`.
+            `<paths.data_dir>/train/work/checkpoints`, then the run before it, kept in `train/work.previous/`
+            (another run moved it there, maybe with checkpoints not yet evaluated, or one under evaluation).
         history_dir: Where the per-checkpoint results and history.jsonl go; empty:
             `<paths.data_dir>/evaluate/history`.
     """
@@ -71,22 +72,30 @@ def evaluate_checkpoints(params: PipelineParams = DEFAULT_PARAMS, params_file: s
     prov = provenance.collect(Path.cwd(), data, p.model_dump(mode="json"), {})
     # the folders follow paths.data_dir (a fixed data/... looked in the wrong place for another data_dir)
     ckpts = Path(checkpoints_dir) if checkpoints_dir else data / "train" / "work" / "checkpoints"
+    # the current run first: a checkpoint moved aside with its run while evaluated is found again after it
+    previous = [] if checkpoints_dir else [data / "train" / "work.previous" / "checkpoints"]
     history = Path(history_dir) if history_dir else data / "evaluate" / "history"
     logger = get_run_logger()
     if not ckpts.is_dir():  # no training run yet is not an error for a schedule, but a mistyped folder says so
         logger.warning("no checkpoint folder %s (no training run has saved a checkpoint there yet)", ckpts)
-    failed = None
-    try:
-        new = hist.evaluate_new(ckpts, tokenizer, p.evaluate, Path(p.paths.benchmarks_dir), history, prov,
-                                check=lambda: check_tokenizer(Context("evaluate", str(data))))  # tokenize's own
-    except hist.CheckpointsUnreadable as e:  # the others were evaluated: their history is published, then the failure
-        new, failed = e.new, e
+    new, failed, folders = [], [], []
+    for folder in [ckpts] + previous:
+        if folder != ckpts and not folder.is_dir():  # looked for once the current run's are done
+            continue
+        folders.append(folder)
+        try:
+            new += hist.evaluate_new(folder, tokenizer, p.evaluate, Path(p.paths.benchmarks_dir), history, prov,
+                                     check=lambda: check_tokenizer(Context("evaluate", str(data))),  # tokenize's
+                                     say=logger.warning)
+        except hist.CheckpointsUnreadable as e:  # the others were evaluated: the history is published, then this
+            new, failed = new + e.new, failed + [e]
     entries = hist.read_history(history)
-    logger.info("evaluated %d new checkpoint(s) of %s; history holds %d", len(new), ckpts, len(entries))
+    logger.info("evaluated %d new checkpoint(s) of %s; history holds %d", len(new),
+                " and ".join(str(f) for f in folders), len(entries))
     create_markdown_artifact(key="evaluation-history", markdown=history_markdown(entries, len(new)),
                              description="Every evaluated checkpoint of the training run")
-    if failed is not None:
-        raise failed
+    if failed:
+        raise failed[0] if len(failed) == 1 else hist.CheckpointsUnreadable("; ".join(str(e) for e in failed))
     return {"new": [e["checkpoint"] for e in new], "history": len(entries)}
 
 

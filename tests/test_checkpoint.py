@@ -107,3 +107,25 @@ def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(tmp_path):
         update={"init_from": str(saved / "step-00000004")}), timeout=900)
     assert sorted(resumed) == [5, 6, 7, 8, 9, 10]
     assert {k: resumed[k] for k in range(5, 9)} == {k: full[k] for k in range(5, 9)}
+
+
+def test_prune_takes_a_checkpoint_away_at_once(tmp_path, monkeypatch):
+    """A checkpoint deleted file by file stood half-deleted under its own name, which a reader (the scheduled
+    evaluation) took for a damaged checkpoint: it is renamed out of sight first, then deleted."""
+    from trainer import checkpoint
+    for step in (2, 4, 6, 8):
+        (tmp_path / f"step-{step:08d}").mkdir()
+        (tmp_path / f"step-{step:08d}" / "meta.json").write_text("{}")
+    (tmp_path / "latest").write_text("step-00000008")
+    (tmp_path / ".pruned-step-00000001").mkdir()  # left by a prune killed while deleting
+    deleted = []
+    real = shutil.rmtree
+
+    def rmtree(path, *args, **kwargs):
+        deleted.append((Path(path).name, sorted(p.name for p in tmp_path.glob("step-*"))))
+        return real(path, *args, **kwargs)
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", rmtree)
+    checkpoint.prune(tmp_path, 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-00000006", "step-00000008"]
+    assert [name for name, _ in deleted] == [".pruned-step-00000001", ".pruned-step-00000002", ".pruned-step-00000004"]
+    assert "step-00000002" not in deleted[1][1] and "step-00000004" not in deleted[2][1]  # gone before deleted

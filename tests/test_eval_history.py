@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 from safetensors.torch import save_file
 
-from tasks.core.errors import ConfigError
+from tasks.core.errors import ConfigError, StageBusy
 from tasks.evaluate import history
 from tasks.evaluate.config import EvaluateParams
 from tasks.tokenize import tokenizer as tokenizers
@@ -104,7 +105,7 @@ def test_a_checkpoint_rewritten_while_evaluated_is_left_for_the_next_run(tmp_pat
 def test_two_passes_never_run_at_once(tmp_path, benchmarks_dir):
     ckpts, tok = make_run(tmp_path)
     with history._lock(tmp_path / "history"):
-        with pytest.raises(ConfigError, match="another evaluation of .* is running"):
+        with pytest.raises(StageBusy, match="another evaluation of .* is running"):
             history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, tmp_path / "history", {})
 
 
@@ -118,21 +119,27 @@ def test_scheduled_deployment_runs_on_a_server(server, tmp_path):
     (data / "tmp" / "tokenizer").rename(data / "tokenize" / "tokenizer")
     (data / "train" / "work").mkdir(parents=True)
     (data / "tmp" / "checkpoints").rename(data / "train" / "work" / "checkpoints")
+    # the run before, moved aside by another run with a checkpoint not yet evaluated: evaluated after the current's
+    before = data / "train" / "work.previous" / "checkpoints" / "step-00000040"
+    shutil.copytree(data / "train" / "work" / "checkpoints" / "step-00000020", before)
+    meta = json.loads((before / "meta.json").read_text())
+    (before / "meta.json").write_text(json.dumps({**meta, "step": 40, "run": "the run before"}))
     prefect = str(BIN / "prefect")
     run([prefect, "work-pool", "create", "local-process", "--type", "process", "--overwrite"], repo, server)
     run([prefect, "--no-prompt", "deploy", "--all"], repo, {**server, "PWD": str(repo)})
     dep = api(server, "/deployments/name/evaluate-checkpoints/recurring")
     schedules = api(server, f"/deployments/{dep['id']}/schedules")
     assert [s["schedule"]["cron"] for s in schedules] == ["*/30 * * * *"] and all(s["active"] for s in schedules)
-    for expected_new in (2, 0):  # the second run finds nothing new: idempotent
+    for expected_new in (3, 0):  # the second run finds nothing new: idempotent
         flow_run = api(server, f"/deployments/{dep['id']}/create_flow_run", {})  # what the UI's Run button posts
         out = run([prefect, "worker", "start", "--pool", "local-process", "--run-once"], repo, server)
         state = api(server, f"/flow_runs/{flow_run['id']}")
         assert state["state_type"] == "COMPLETED", (state["state_type"], state.get("state", {}).get("message"), out[-3000:])
         lines = (data / "evaluate/history/history.jsonl").read_text().splitlines()
-        assert [json.loads(x)["step"] for x in lines] == [10, 20]
+        assert [json.loads(x)["step"] for x in lines] == [10, 20, 40]
+    assert json.loads(lines[2])["run"] == "the run before"
     arts = api(server, "/artifacts/filter", {"artifacts": {"key": {"any_": ["evaluation-history"]}}})
-    assert any("2 checkpoints, 0 new" in a["data"] and "| boolq/0-shot | hans/0-shot |" in a["data"] for a in arts)
+    assert any("3 checkpoints, 0 new" in a["data"] and "| boolq/0-shot | hans/0-shot |" in a["data"] for a in arts)
     first = json.loads(lines[0])
     results = json.loads((data / "evaluate/history" / first["results"]).read_text())
     assert re.fullmatch(r"[0-9a-f-]{36}", results["provenance"]["prefect_flow_run_id"] or "")
@@ -204,6 +211,18 @@ def test_history_entries_name_their_run(tmp_path, benchmarks_dir):
     assert [e["run"] for e in new] == ["the run's identity", ""]  # step 20 was written before runs were recorded
 
 
+def test_a_checkpoint_gone_between_its_listing_and_its_load_is_skipped(tmp_path, benchmarks_dir):
+    """Gone before its weights were read, the folder raised InputFileError ('neither a checkpoint nor a Hugging
+    Face model'), which failed the pass and left every later checkpoint unevaluated. Found by an operator drill."""
+    import shutil
+    ckpts, tok = make_run(tmp_path)
+    said = []
+    new = history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, tmp_path / "history", {},
+                               check=lambda: shutil.rmtree(ckpts / "step-00000010"), say=said.append)
+    assert [e["step"] for e in new] == [20]
+    assert said == [f"evaluate: {ckpts / 'step-00000010'} {history.GONE}; skipped"]
+
+
 def test_a_checkpoint_pruned_as_its_files_are_opened_is_skipped_not_called_damaged(tmp_path, benchmarks_dir,
                                                                                    monkeypatch, capsys):
     """Training prunes old checkpoints while the schedule evaluates: a stage file listed and then gone is a
@@ -220,4 +239,4 @@ def test_a_checkpoint_pruned_as_its_files_are_opened_is_skipped_not_called_damag
     monkeypatch.setattr(checkpoint, "safe_open", pruned_first)
     new = history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, tmp_path / "history", {})
     assert [e["step"] for e in new] == [20]
-    assert "step-00000010 was removed while being evaluated; skipped" in capsys.readouterr().err
+    assert f"{ckpts / 'step-00000010'} was removed or moved while being evaluated" in capsys.readouterr().err

@@ -219,14 +219,20 @@ def _save(engine, directory: Path, final: Path, partial: Path, step: int, state:
 
 def prune(directory: Path, keep: int) -> None:
     """Remove all but the newest `keep` complete checkpoints up to the one `latest` names (rank 0
-    only); a folder past it (a save killed between its rename and the pointer) is left alone."""
+    only); a folder past it (a save killed between its rename and the pointer) is left alone. Each goes
+    at once, renamed out of sight (`.pruned-step-N`) before it is deleted: a reader (the scheduled
+    evaluation) finds it whole or gone, never half deleted, which read as a damaged checkpoint."""
+    for left in Path(directory).glob(".pruned-step-*"):  # a prune killed while deleting
+        shutil.rmtree(left, ignore_errors=True)
     current = latest(directory)
     if current is None:
         return
     done = sorted(p for p in Path(directory).glob("step-*")
                   if p.is_dir() and not p.name.endswith(".partial") and p.name <= current.name)
     for old in done[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        gone = old.with_name(f".pruned-{old.name}")
+        os.replace(old, gone)
+        shutil.rmtree(gone, ignore_errors=True)
 
 
 def latest(directory: Path) -> Path | None:

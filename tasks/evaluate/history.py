@@ -16,12 +16,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
-from tasks.core.errors import ConfigError, InputFileError
+from tasks.core.errors import InputFileError, StageBusy
 from tasks.core.passes import atomic_write_text
 from tasks.evaluate.config import EvaluateParams
 from tasks.evaluate.run import RESULTS, run
 
 HISTORY = "history.jsonl"
+GONE = ("was removed or moved while being evaluated (pruned by training, or moved to work.previous/ with its run "
+        "when another run started)")
 
 
 def checkpoint_key(folder: Path) -> str:
@@ -56,7 +58,7 @@ def _lock(history_dir: Path) -> Iterator[None]:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise ConfigError(f"another evaluation of {history_dir} is running") from None
+            raise StageBusy(f"another evaluation of {history_dir} is running") from None
         yield
 
 
@@ -77,13 +79,22 @@ class CheckpointsUnreadable(InputFileError):
     """Damaged checkpoints, each reported and left out of the history; the others were evaluated."""
 
 
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
 def evaluate_new(checkpoints_dir: Path, tokenizer: Path, cfg: EvaluateParams, benchmarks_dir: Path,
-                 history_dir: Path, provenance: dict, check: Callable[[], None] | None = None) -> list[dict]:
+                 history_dir: Path, provenance: dict, check: Callable[[], None] | None = None,
+                 say: Callable[[str], None] = _stderr) -> list[dict]:
     """Evaluate every complete checkpoint not in the history; returns the new history entries. A checkpoint
     whose files cannot be read is reported and left for the next pass, after the others are evaluated
     (one damaged checkpoint stopped every later one from being evaluated, on every scheduled run); the
     pass then fails with CheckpointsUnreadable naming them. `check` runs once, before the first checkpoint
-    is evaluated (the flow's check of the tokenizer: a pass with nothing new needs no tokenizer yet)."""
+    is evaluated (the flow's check of the tokenizer: a pass with nothing new needs no tokenizer yet). `say`
+    takes the lines about checkpoints skipped or left out (the flow logs them in the run's log).
+    A checkpoint gone while it is read was pruned by training (which removes a checkpoint at once, see
+    trainer.checkpoint.prune), or moved with its run to work.previous/ when another run started: it is
+    skipped, whatever error reading it raised."""
     from trainer.checkpoint import CheckpointUnreadable
     history_dir = Path(history_dir)
     new, damaged = [], []
@@ -107,25 +118,23 @@ def evaluate_new(checkpoints_dir: Path, tokenizer: Path, cfg: EvaluateParams, be
                 shutil.rmtree(tmp, ignore_errors=True)
                 try:
                     results = run(folder, tokenizer, cfg, benchmarks_dir, tmp, {**provenance, "key": key})
-                except CheckpointUnreadable as e:
-                    print(f"evaluate: {folder.name} not evaluated: {e}", file=sys.stderr)
+                except Exception as e:
                     shutil.rmtree(tmp, ignore_errors=True)
+                    if not folder.exists():  # whatever the read raised, there is nothing to evaluate any more
+                        say(f"evaluate: {folder} {GONE}; skipped")
+                        continue
+                    if not isinstance(e, CheckpointUnreadable):
+                        raise
+                    say(f"evaluate: {folder.name} not evaluated: {e}")
                     damaged.append(f"{folder.name} ({e})")
                     continue
-                except (FileNotFoundError, ConfigError):
-                    if not folder.exists():  # pruned while being read: nothing to evaluate any more
-                        print(f"evaluate: {folder.name} was removed while being evaluated; skipped", file=sys.stderr)
-                        shutil.rmtree(tmp, ignore_errors=True)
-                        continue
-                    raise
                 try:
                     same = checkpoint_key(folder) == key
                 except FileNotFoundError:
                     same = False
-                if not same:  # re-saved or pruned while being read: the weights may not be the key's
-                    print(f"evaluate: {folder.name} " + ("changed while being evaluated; left for the next run"
-                          if folder.exists() else "was removed (pruned by training) while being evaluated; skipped"),
-                          file=sys.stderr)
+                if not same:  # re-saved, pruned or moved while being read: the weights may not be the key's
+                    say(f"evaluate: {folder} " + ("changed while being evaluated; left for the next run"
+                        if folder.exists() else f"{GONE}; skipped"))
                     shutil.rmtree(tmp, ignore_errors=True)
                     continue
                 results["key"] = key
