@@ -286,3 +286,31 @@ def test_a_deletion_killed_half_way_is_never_taken_for_a_run(tmp_path):
     prepare(work, "C")
     assert not (tmp_path / "work.deleting").exists()
     assert (tmp_path / "work.previous" / "identity").read_text() == "B" and (work / "identity").read_text() == "C"
+
+
+def test_a_resumed_run_with_another_batch_is_sized_from_where_it_stands(blended, tmp_path):
+    """With train_tokens given, the stage counted the samples a run needs from step 0 at params.yaml's batch:
+    a finished run resumed at a larger batch was refused ('need 1,568 samples ... the blend has 1,562'),
+    while a half-done one at another batch passed the check, trained, and failed at the step past the blend.
+    Found by an operator drill."""
+    import shutil
+    shutil.copytree(blended / "data" / "tokenize", tmp_path / "data" / "tokenize")
+    blend = json.loads((tmp_path / "data/tokenize/blend/blend.json").read_text())
+    total = blend["samples"] // 4 * 4  # every whole batch of 4
+    schedule = {**SAMPLE["schedule"], "train_tokens": total * 16}
+    done = run_stage("train", params(tmp_path, schedule=schedule))
+    assert done["tokens"] == total * 16
+    # a larger batch whose whole batches, counted from step 0, would need more samples than the blend has
+    wide = next(b for b in range(6, 64, 2) if -(-total // b) * b > blend["samples"])
+    again = run_stage("train", params(tmp_path, schedule=schedule, parallel={**SAMPLE["parallel"], "global_batch": wide}))
+    assert again["resumed_from_step"] == again["steps"] == done["steps"] and again["tokens"] == done["tokens"]
+    # half-done (its last checkpoints gone): from step 5 at that batch the blend runs out, and that is said at once
+    ckpts = tmp_path / "data/train/work/checkpoints"
+    for later in sorted(ckpts.glob("step-*"))[1:]:
+        shutil.rmtree(later)
+    assert [p.name for p in ckpts.glob("step-*")] == ["step-00000005"], "keep_checkpoints kept step 5"
+    # (another batch than `wide`: with the same params the stage is up to date, its outputs whole, and runs nothing)
+    short = next(b for b in range(wide + 2, 64, 2) if 20 + -(-(total - 20) // b) * b > blend["samples"])
+    with pytest.raises(ConfigError, match=rf"resumed from step 5 \(20 samples consumed\) at global_batch {short}, "
+                                          rf"train_tokens {total * 16:,} need [\d,]+ samples .* or the global_batch"):
+        run_stage("train", params(tmp_path, schedule=schedule, parallel={**SAMPLE["parallel"], "global_batch": short}))

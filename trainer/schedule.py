@@ -45,9 +45,10 @@ def whole_batches(samples: int, s: ScheduleParams, par: ParallelParams, seq_len:
     return consumed
 
 
-def samples_needed(s: ScheduleParams, par: ParallelParams, seq_len: int) -> int:
-    """The samples the steps consume to reach `train_tokens` (ramp included), as the loop takes them."""
-    samples = tokens = 0
+def samples_needed(s: ScheduleParams, par: ParallelParams, seq_len: int, start: int = 0) -> int:
+    """The samples the steps consume to reach `train_tokens` (ramp included), as the loop takes them, from
+    `start` samples consumed on (a resumed run)."""
+    samples, tokens = start, start * seq_len
     while tokens < s.train_tokens:
         rows = global_batch(samples, s, par, seq_len)
         samples, tokens = samples + rows, tokens + rows * seq_len

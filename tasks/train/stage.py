@@ -84,11 +84,17 @@ def check_run(p: PipelineParams, ctx: Context) -> tuple[dict, TrainParams, list[
     except ConfigError as e:  # name the profile, as sized_profiles does for the others
         raise ConfigError(f"train.profiles.{p.train.profile}: {e}") from None
     sized = sized_profiles(p.train, vocab, seq)
-    needed = samples_needed(cfg.schedule, cfg.parallel, seq)
+    # a resumed run goes on from its samples at params.yaml's batch (which may have changed): counted from there
+    resumed = work_folder.resumes_from(ctx.root / "work", run_identity(cfg, ctx))
+    start = resumed["consumed_samples"] if resumed else 0
+    needed = samples_needed(cfg.schedule, cfg.parallel, seq, start)
     if needed > facts["samples"]:  # the loop would find out at the last step it can take
-        raise ConfigError(f"profile {p.train.profile!r}: train_tokens {cfg.schedule.train_tokens:,} need {needed:,} samples "
-                          f"of {seq} tokens and the blend has {facts['samples']:,}: a larger blend (tokenize.train_tokens) "
-                          f"or fewer train_tokens")
+        where = (f"resumed from step {resumed['step']} ({start:,} samples consumed) at global_batch "
+                 f"{cfg.parallel.global_batch}, " if resumed else "")
+        raise ConfigError(f"profile {p.train.profile!r}: {where}train_tokens {cfg.schedule.train_tokens:,} need "
+                          f"{needed:,} samples of {seq} tokens and the blend has {facts['samples']:,}: a larger blend "
+                          f"(tokenize.train_tokens) or fewer train_tokens" + (", or the global_batch the run trained "
+                          "at" if resumed else ""))
     return facts, cfg, sized
 
 

@@ -99,3 +99,17 @@ def prepare(work: Path, identity: str) -> None:
     new.mkdir(parents=True)
     (new / IDENTITY).write_text(identity, encoding="utf-8")
     os.replace(new, work)
+
+
+def resumes_from(work: Path, identity: str) -> dict | None:
+    """The meta.json of the checkpoint the run `identity` would resume from (in `work`, or in work.previous/
+    to be moved back), None where it starts from step 0: the stage sizes the rest of a resumed run from it."""
+    from trainer import checkpoint
+    for folder in (Path(work), _sibling(Path(work), ".previous")):
+        if _run_in(folder) == identity:
+            try:
+                last = checkpoint.latest(folder / "checkpoints")
+                return checkpoint.read_meta(last) if last is not None else None
+            except (OSError, checkpoint.CheckpointUnreadable):  # the ranks name a damaged one as they load it
+                return None
+    return None
