@@ -314,3 +314,16 @@ def test_a_resumed_run_with_another_batch_is_sized_from_where_it_stands(blended,
     with pytest.raises(ConfigError, match=rf"resumed from step 5 \(20 samples consumed\) at global_batch {short}, "
                                           rf"train_tokens {total * 16:,} need [\d,]+ samples .* or the global_batch"):
         run_stage("train", params(tmp_path, schedule=schedule, parallel={**SAMPLE["parallel"], "global_batch": short}))
+
+
+def test_the_resume_point_is_found_wherever_the_run_is_kept(tmp_path):
+    """The stage sizes a resumed run from the checkpoint it will resume from: in work/, in work.previous/
+    (moved back), or in a killed swap's work.swap/ (put back by the next start)."""
+    from tasks.train.work_folder import resumes_from
+    for place, step in (("work", 3), ("work.previous", 5), ("work.swap", 7)):
+        (tmp_path / place / "checkpoints" / f"step-{step:08d}").mkdir(parents=True)
+        (tmp_path / place / "checkpoints" / f"step-{step:08d}" / "meta.json").write_text(json.dumps({"step": step}))
+        (tmp_path / place / "checkpoints" / "latest").write_text(f"step-{step:08d}")
+        (tmp_path / place / "identity").write_text(place)
+    assert [resumes_from(tmp_path / "work", place)["step"] for place in ("work", "work.previous", "work.swap")] == [3, 5, 7]
+    assert resumes_from(tmp_path / "work", "another run") is None

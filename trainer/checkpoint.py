@@ -231,7 +231,10 @@ def prune(directory: Path, keep: int) -> None:
                   if p.is_dir() and not p.name.endswith(".partial") and p.name <= current.name)
     for old in done[:-keep]:
         gone = old.with_name(f".pruned-{old.name}")
-        os.replace(old, gone)
+        try:
+            os.replace(old, gone)
+        except OSError:  # a remnant the cleanup above could not delete is in the way: delete in place
+            gone = old
         shutil.rmtree(gone, ignore_errors=True)
 
 

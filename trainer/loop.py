@@ -67,8 +67,9 @@ def train(cfg: TrainParams, samples: Samples, out: Path, init_from: Path | None 
     out, seq = Path(out), cfg.model.seq_len
     check_fits(samples, seq, cfg.model.vocab_size)
     run_id = run_id or recipe_digest(cfg)  # of the recipe as given: train_tokens 0 is resolved below
-    found = checkpoint.latest(out / "checkpoints") or init_from
-    if not cfg.schedule.train_tokens and found is None and not schedule.whole_batches(
+    own = checkpoint.latest(out / "checkpoints")
+    found = own or init_from
+    if not cfg.schedule.train_tokens and own is None and not schedule.whole_batches(
             len(samples), cfg.schedule, cfg.parallel, seq):
         raise ConfigError(f"the data has {len(samples)} samples, fewer than one global batch "
                           f"({schedule.global_batch(0, cfg.schedule, cfg.parallel, seq)})")
@@ -81,7 +82,7 @@ def train(cfg: TrainParams, samples: Samples, out: Path, init_from: Path | None 
     position = {"consumed_samples": 0, "consumed_tokens": 0}
     step = 0
     if found is not None:
-        meta = checkpoint.load(engine, found, own=found is not init_from)
+        meta = checkpoint.load(engine, found, own=own is not None)
         step, position = meta["step"], {k: meta[k] for k in position}
     if not cfg.schedule.train_tokens:  # 0: every sample once, in as many whole batches as are left from here
         # (from the resume position: a global batch changed on resume makes whole batches of what is left,

@@ -60,11 +60,14 @@ def _recover(work: Path, previous: Path) -> None:
         os.replace(swap, work)
     else:
         raise ConfigError(f"train: {swap}, {work} and {previous} all exist (a swap of two runs was interrupted "
-                          f"and something else changed them): keep the run you want in {work} and remove {swap}")
+                          f"and something else changed them): keep the run you want in {work} and move {swap} aside")
 
 
 def _delete(folder: Path, gone: Path) -> None:
-    os.replace(folder, gone)
+    try:
+        os.replace(folder, gone)
+    except OSError:  # a remnant _recover could not delete is in the way: delete in place
+        gone = folder
     shutil.rmtree(gone)
 
 
@@ -103,10 +106,11 @@ def prepare(work: Path, identity: str) -> None:
 
 def resumes_from(work: Path, identity: str) -> dict | None:
     """The meta.json of the checkpoint the run `identity` would resume from (in `work`, or in work.previous/
-    to be moved back), None where it starts from step 0: the stage sizes the rest of a resumed run from it."""
-    from trainer import checkpoint
-    for folder in (Path(work), _sibling(Path(work), ".previous")):
+    or a killed swap's work.swap/, to be moved back), None where it starts from step 0: the stage sizes the
+    rest of a resumed run from it."""
+    for folder in (Path(work), _sibling(Path(work), ".previous"), _sibling(Path(work), ".swap")):
         if _run_in(folder) == identity:
+            from trainer import checkpoint  # torch: only for a run that resumes
             try:
                 last = checkpoint.latest(folder / "checkpoints")
                 return checkpoint.read_meta(last) if last is not None else None
