@@ -4,6 +4,7 @@ cron schedule, so new checkpoints are evaluated as training writes them; the UI 
 Its artifact: the history as a table and each task's accuracy against training tokens."""
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -78,6 +79,8 @@ def evaluate_checkpoints(params: PipelineParams = DEFAULT_PARAMS, params_file: s
     logger = get_run_logger()
     if not ckpts.is_dir():  # no training run yet is not an error for a schedule, but a mistyped folder says so
         logger.warning("no checkpoint folder %s (no training run has saved a checkpoint there yet)", ckpts)
+    # tokenize's own check of the tokenizer, once for both folders (a pass with nothing new needs none)
+    check_once = functools.cache(lambda: check_tokenizer(Context("evaluate", str(data))))
     new, failed, folders = [], [], []
     for folder in [ckpts] + previous:
         if folder != ckpts and not folder.is_dir():  # looked for once the current run's are done
@@ -85,8 +88,7 @@ def evaluate_checkpoints(params: PipelineParams = DEFAULT_PARAMS, params_file: s
         folders.append(folder)
         try:
             new += hist.evaluate_new(folder, tokenizer, p.evaluate, Path(p.paths.benchmarks_dir), history, prov,
-                                     check=lambda: check_tokenizer(Context("evaluate", str(data))),  # tokenize's
-                                     say=logger.warning)
+                                     check=check_once, say=logger.warning)
         except hist.CheckpointsUnreadable as e:  # the others were evaluated: the history is published, then this
             new, failed = new + e.new, failed + [e]
     entries = hist.read_history(history)

@@ -25,6 +25,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from tasks.core.errors import ConfigError, InputFileError, TrainingError
+from tasks.core.passes import remove_at_once
 from trainer import tensor_parallel as tp
 from trainer.pipeline import plain_modules
 
@@ -230,12 +231,7 @@ def prune(directory: Path, keep: int) -> None:
     done = sorted(p for p in Path(directory).glob("step-*")
                   if p.is_dir() and not p.name.endswith(".partial") and p.name <= current.name)
     for old in done[:-keep]:
-        gone = old.with_name(f".pruned-{old.name}")
-        try:
-            os.replace(old, gone)
-        except OSError:  # a remnant the cleanup above could not delete is in the way: delete in place
-            gone = old
-        shutil.rmtree(gone, ignore_errors=True)
+        remove_at_once(old, old.with_name(f".pruned-{old.name}"), ignore_errors=True)
 
 
 def latest(directory: Path) -> Path | None:

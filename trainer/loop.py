@@ -67,7 +67,8 @@ def train(cfg: TrainParams, samples: Samples, out: Path, init_from: Path | None 
     out, seq = Path(out), cfg.model.seq_len
     check_fits(samples, seq, cfg.model.vocab_size)
     run_id = run_id or recipe_digest(cfg)  # of the recipe as given: train_tokens 0 is resolved below
-    own = checkpoint.latest(out / "checkpoints")
+    ckpt_dir = out / "checkpoints"
+    own = checkpoint.latest(ckpt_dir)
     found = own or init_from
     if not cfg.schedule.train_tokens and own is None and not schedule.whole_batches(
             len(samples), cfg.schedule, cfg.parallel, seq):
@@ -78,7 +79,6 @@ def train(cfg: TrainParams, samples: Samples, out: Path, init_from: Path | None 
     # dropout: the same masks across a replica's tensor-parallel ranks (replicated activations must
     # agree), different ones across replicas; a resume at the same layout restores the exact state
     torch.manual_seed(cfg.seed * 1009 + engine.coord.data)
-    ckpt_dir = out / "checkpoints"
     position = {"consumed_samples": 0, "consumed_tokens": 0}
     step = 0
     if found is not None:

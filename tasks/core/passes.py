@@ -151,6 +151,16 @@ def atomic_write_text(final: Path, text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
+def remove_at_once(folder: Path, gone: Path, ignore_errors: bool = False) -> None:
+    """Delete `folder` so that a reader finds it whole or gone, never half deleted: renamed to `gone` (a name
+    no reader lists), then deleted. A remnant of an earlier deletion in the way: deleted in place."""
+    try:
+        os.replace(folder, gone)
+    except OSError:
+        gone = folder
+    shutil.rmtree(gone, ignore_errors=ignore_errors)
+
+
 def savez(fh, **arrays: np.ndarray) -> None:
     """np.savez with fixed zip timestamps: the same arrays give the same bytes (numpy stamps the time)."""
     with zipfile.ZipFile(fh, "w", zipfile.ZIP_STORED, allowZip64=True) as z:

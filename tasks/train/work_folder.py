@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from tasks.core.errors import ConfigError
+from tasks.core.passes import remove_at_once
 
 IDENTITY = "identity"
 
@@ -63,14 +64,6 @@ def _recover(work: Path, previous: Path) -> None:
                           f"and something else changed them): keep the run you want in {work} and move {swap} aside")
 
 
-def _delete(folder: Path, gone: Path) -> None:
-    try:
-        os.replace(folder, gone)
-    except OSError:  # a remnant _recover could not delete is in the way: delete in place
-        gone = folder
-    shutil.rmtree(gone)
-
-
 def prepare(work: Path, identity: str) -> None:
     """Make `work` the folder of the run `identity` (resumable if it ran before), as the module says."""
     work = Path(work)
@@ -94,7 +87,7 @@ def prepare(work: Path, identity: str) -> None:
         if previous.exists():
             print(f"train: deleted {previous}, an earlier run ({_described(previous)}): only the last other run is "
                   f"kept", file=sys.stderr)
-            _delete(previous, _sibling(work, ".deleting"))
+            remove_at_once(previous, _sibling(work, ".deleting"))
         os.replace(work, previous)
         print(f"train: params.yaml describes another run (model, recipe, seed or data changed): the work folder's "
               f"run ({_described(previous)}) moved to {previous}; this run starts from step 0", file=sys.stderr)
