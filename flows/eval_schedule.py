@@ -24,12 +24,17 @@ from tasks.evaluate import provenance
 from tasks.evaluate.stage import check_tokenizer
 
 
-def history_markdown(entries: list[dict], new: int) -> str:
+def history_markdown(entries: list[dict], new: int, settings: dict | None = None, others: int = 0) -> str:
     """The history as a table and a plot; entries of several training runs (a seed or recipe changed) get a
-    run column and a line per run, so one run's step N is not read as another's."""
+    run column and a line per run, so one run's step N is not read as another's. `entries` are those of one
+    evaluation `settings`; `others` counts the entries kept under other settings, which are not shown."""
     runs = list(dict.fromkeys(e.get("run", "") for e in entries))
     several = len(runs) > 1
     lines = [f"## Evaluation history ({len(entries)} checkpoints, {new} new in this run)", ""]
+    if settings:
+        lines += [f"Evaluated with: {hist.settings_text(settings)}.", ""]
+    if others:
+        lines += [f"{others} earlier entries of history.jsonl, evaluated with other settings, are not shown.", ""]
     keys = sorted({k for e in entries for k in e["metrics"] if k.endswith("/acc")})
     lines += [f"| step |{' run |' if several else ''} tokens | " + " | ".join(k.removesuffix("/acc") for k in keys)
               + " |", "|---" * (len(keys) + 2 + several) + "|"]
@@ -53,7 +58,8 @@ def history_markdown(entries: list[dict], new: int) -> str:
 @flow(name="evaluate-checkpoints")
 def evaluate_checkpoints(params: PipelineParams = DEFAULT_PARAMS, params_file: str | None = None,
                          checkpoints_dir: str = "", history_dir: str = "") -> dict:
-    """Evaluate every checkpoint of the training run not evaluated yet (settings: params `evaluate`).
+    """Evaluate every checkpoint of the training run not yet evaluated with params `evaluate`'s settings
+    (changed tasks, shots, k, limit or seed: every checkpoint still there is evaluated again with them).
 
     Args:
         params: Every pipeline parameter; `evaluate` says which tasks and shots.
@@ -91,10 +97,12 @@ def evaluate_checkpoints(params: PipelineParams = DEFAULT_PARAMS, params_file: s
                                      check=check_once, say=logger.warning)
         except hist.CheckpointsUnreadable as e:  # the others were evaluated: the history is published, then this
             new, failed = new + e.new, failed + [e]
-    entries = hist.read_history(history)
-    logger.info("evaluated %d new checkpoint(s) of %s; history holds %d", len(new),
-                " and ".join(str(f) for f in folders), len(entries))
-    create_markdown_artifact(key="evaluation-history", markdown=history_markdown(entries, len(new)),
+    every = hist.read_history(history)
+    entries = hist.current(every, p.evaluate)  # a curve of one set of tasks and docs
+    logger.info("evaluated %d new checkpoint(s) of %s; history holds %d with these settings (%d in all)", len(new),
+                " and ".join(str(f) for f in folders), len(entries), len(every))
+    create_markdown_artifact(key="evaluation-history", markdown=history_markdown(
+                                 entries, len(new), hist.settings_of(p.evaluate), len(every) - len(entries)),
                              description="Every evaluated checkpoint of the training run")
     if failed:
         raise failed[0] if len(failed) == 1 else hist.CheckpointsUnreadable("; ".join(str(e) for e in failed))

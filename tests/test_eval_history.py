@@ -49,11 +49,38 @@ def test_each_complete_checkpoint_is_evaluated_once(tmp_path, benchmarks_dir):
     assert set(new[0]["metrics"]) == {"boolq/0-shot/acc", "wic/0-shot/acc"}
     assert history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, out, {}) == []  # nothing twice
     assert len(history.read_history(out)) == 2
-    assert (out / history.results_folder(new[1]["checkpoint"]) / "results.json").is_file()
+    assert (out / history.results_folder(new[1]["checkpoint"], history.settings_of(CFG)) / "results.json").is_file()
     (ckpts / "step-00000030.partial" / "meta.json").write_text(
         (ckpts / "step-00000020" / "meta.json").read_text().replace('"step": 20', '"step": 30'))
     (ckpts / "step-00000030.partial").rename(ckpts / "step-00000030")  # the save completes
     assert [e["step"] for e in history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, out, {})] == [30]
+
+
+def test_other_settings_evaluate_every_checkpoint_again_and_the_history_shows_one_settings(tmp_path, benchmarks_dir):
+    """Adding a task, or changing limit or seed, left the evaluated checkpoints as they were: the published
+    curve joined scores of different tasks or doc samples, and the new task had no score before the change."""
+    from flows.eval_schedule import history_markdown
+    ckpts, tok = make_run(tmp_path)
+    out = tmp_path / "history"
+    first = history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, out, {})
+    more = CFG.model_copy(update={"tasks": ["boolq", "wic", "piqa"]})
+    again = history.evaluate_new(ckpts, tok, more, benchmarks_dir, out, {})
+    assert [e["step"] for e in again] == [10, 20] and all("piqa/0-shot/acc" in e["metrics"] for e in again)
+    assert history.evaluate_new(ckpts, tok, more, benchmarks_dir, out, {}) == []
+    assert history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, out, {}) == []  # back: the first results stand
+    other_docs = CFG.model_copy(update={"limit": 3})
+    assert [e["step"] for e in history.evaluate_new(ckpts, tok, other_docs, benchmarks_dir, out, {})] == [10, 20]
+    assert len(history.read_history(out)) == 6 and len({e["results"] for e in history.read_history(out)}) == 6
+    # the scoring batch, the device and the generation samples leave the scores alone: nothing again
+    same = CFG.model_copy(update={"token_budget": 4096, "device": "cpu", "generation": CFG.generation.model_copy(
+        update={"max_new_tokens": 4})})
+    assert history.evaluate_new(ckpts, tok, same, benchmarks_dir, out, {}) == []
+    shown = history.current(history.read_history(out), CFG)
+    assert shown == first
+    text = history_markdown(shown, 0, history.settings_of(CFG), 4)
+    assert "Evaluated with: boolq, wic; 0-shot; 4 docs per task; seed 1234." in text
+    assert "4 earlier entries of history.jsonl, evaluated with other settings, are not shown." in text
+    assert "piqa" not in text
 
 
 def test_a_crash_mid_way_resumes_with_the_next_checkpoint(tmp_path, benchmarks_dir, monkeypatch):

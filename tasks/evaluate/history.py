@@ -1,6 +1,8 @@
-"""Recurring evaluation of a training run's checkpoints: each complete checkpoint not yet evaluated is
-evaluated once, its results written to history/<checkpoint>/ (atomically: a temp folder renamed), and
-one line appended to history.jsonl. Idempotent: a second pass evaluates nothing twice. A crash
+"""Recurring evaluation of a training run's checkpoints: each complete checkpoint not yet evaluated with
+the current evaluation settings is evaluated once, its results written to history/<checkpoint>-<settings>/
+(atomically: a temp folder renamed), and one line appended to history.jsonl. Idempotent: a second pass
+evaluates nothing twice. Settings changed (tasks, shots, k, limit, seed) re-evaluate every checkpoint
+still there, so that one curve never joins scores of different tasks or doc samples. A crash
 mid-way leaves no half result: the next pass redoes that checkpoint only. A checkpoint still being
 written (`*.partial`, or without its meta.json, which is written last) is never picked, and two
 passes never run at once (a lock file)."""
@@ -30,6 +32,29 @@ def checkpoint_key(folder: Path) -> str:
     """The checkpoint's name and its meta.json's hash: another run's step-N is another checkpoint (meta.json
     records the run's identity: model, recipe, seed, and under the train stage its data)."""
     return f"{folder.name}:{hashlib.sha256((folder / 'meta.json').read_bytes()).hexdigest()[:12]}"
+
+
+def settings_of(cfg: EvaluateParams) -> dict:
+    """What an entry's metrics depend on besides the checkpoint: the tasks, each one's shot counts and the
+    docs drawn (limit, seed). Not the scoring batch, the device or the generation samples, which leave the
+    scores as they are."""
+    return {"tasks": sorted(set(cfg.tasks)), "shots": {t: sorted(set(cfg.shot_counts(t))) for t in sorted(set(cfg.tasks))},
+            "limit": cfg.limit, "seed": cfg.seed}
+
+
+def settings_key(settings: dict | None) -> str:
+    """A short hash of the settings; "" for an entry written before settings were recorded."""
+    if not settings:
+        return ""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
+
+
+def settings_text(settings: dict) -> str:
+    """The settings as a line of the published history."""
+    shots = sorted({k for ks in settings["shots"].values() for k in ks})
+    docs = "every doc" if settings["limit"] is None else f"{settings['limit']} docs per task"
+    return (f"{', '.join(settings['tasks'])}; {', '.join(f'{k}-shot' for k in shots)}; {docs}; "
+            f"seed {settings['seed']}")
 
 
 def complete_checkpoints(directory: Path) -> list[Path]:
@@ -62,16 +87,17 @@ def _lock(history_dir: Path) -> Iterator[None]:
         yield
 
 
-def results_folder(key: str) -> str:
-    """One folder per checkpoint key: another run's step-N (other meta.json) never overwrites it."""
+def results_folder(key: str, settings: dict | None = None) -> str:
+    """One folder per checkpoint key and settings: another run's step-N (other meta.json), or the same
+    checkpoint evaluated with other settings, never overwrites it."""
     name, digest = key.split(":")
-    return f"{name}-{digest}"
+    return f"{name}-{digest}" + (f"-{settings_key(settings)}" if settings else "")
 
 
-def _entry(key: str, results: dict, run_id: str) -> dict:
+def _entry(key: str, results: dict, run_id: str, settings: dict) -> dict:
     ck = results["provenance"]["checkpoint"]
-    return {"checkpoint": key, "run": run_id, "step": ck["step"], "tokens": ck["tokens"],
-            "results": f"{results_folder(key)}/{RESULTS}",
+    return {"checkpoint": key, "run": run_id, "step": ck["step"], "tokens": ck["tokens"], "settings": settings,
+            "results": f"{results_folder(key, settings)}/{RESULTS}",
             "metrics": {f"{r['task']}/{r['shots']}-shot/{r['metric']}": r["value"] for r in results["rows"]}}
 
 
@@ -83,10 +109,17 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr)
 
 
+def current(entries: list[dict], cfg: EvaluateParams) -> list[dict]:
+    """The entries evaluated with cfg's settings."""
+    settings = settings_of(cfg)
+    return [e for e in entries if e.get("settings") == settings]
+
+
 def evaluate_new(checkpoints_dir: Path, tokenizer: Path, cfg: EvaluateParams, benchmarks_dir: Path,
                  history_dir: Path, provenance: dict, check: Callable[[], None] | None = None,
                  say: Callable[[str], None] = _stderr) -> list[dict]:
-    """Evaluate every complete checkpoint not in the history; returns the new history entries. A checkpoint
+    """Evaluate every complete checkpoint not in the history with cfg's settings; returns the new history
+    entries. A checkpoint
     whose files cannot be read is reported and left for the next pass, after the others are evaluated
     (one damaged checkpoint stopped every later one from being evaluated, on every scheduled run); the
     pass then fails with CheckpointsUnreadable naming them. `check` runs once, before the first checkpoint
@@ -98,8 +131,9 @@ def evaluate_new(checkpoints_dir: Path, tokenizer: Path, cfg: EvaluateParams, be
     from trainer.checkpoint import CheckpointUnreadable
     history_dir = Path(history_dir)
     new, damaged = [], []
+    settings = settings_of(cfg)
     with _lock(history_dir):
-        done = {e["checkpoint"] for e in read_history(history_dir)}
+        done = {e["checkpoint"] for e in current(read_history(history_dir), cfg)}
         for folder in complete_checkpoints(checkpoints_dir):
             try:
                 key = checkpoint_key(folder)
@@ -107,14 +141,15 @@ def evaluate_new(checkpoints_dir: Path, tokenizer: Path, cfg: EvaluateParams, be
                 continue
             if key in done:
                 continue
-            final = history_dir / results_folder(key)
-            if (final / RESULTS).is_file() and json.loads((final / RESULTS).read_text(encoding="utf-8")).get("key") == key:
-                results = json.loads((final / RESULTS).read_text(encoding="utf-8"))  # evaluated, not yet listed
+            final = history_dir / results_folder(key, settings)
+            listed = json.loads((final / RESULTS).read_text(encoding="utf-8")) if (final / RESULTS).is_file() else {}
+            if listed.get("key") == key and listed.get("settings") == settings:
+                results = listed  # evaluated, not yet listed
             else:
                 if check is not None:
                     check()
                     check = None
-                tmp = history_dir / f".{results_folder(key)}.partial"
+                tmp = history_dir / f".{results_folder(key, settings)}.partial"
                 shutil.rmtree(tmp, ignore_errors=True)
                 try:
                     results = run(folder, tokenizer, cfg, benchmarks_dir, tmp, {**provenance, "key": key})
@@ -137,7 +172,7 @@ def evaluate_new(checkpoints_dir: Path, tokenizer: Path, cfg: EvaluateParams, be
                         if folder.exists() else f"{GONE}; skipped"))
                     shutil.rmtree(tmp, ignore_errors=True)
                     continue
-                results["key"] = key
+                results["key"], results["settings"] = key, settings
                 atomic_write_text(tmp / RESULTS, json.dumps(results, indent=1) + "\n")
                 shutil.rmtree(final, ignore_errors=True)
                 os.replace(tmp, final)
@@ -145,7 +180,7 @@ def evaluate_new(checkpoints_dir: Path, tokenizer: Path, cfg: EvaluateParams, be
                 run_id = json.loads((folder / "meta.json").read_text(encoding="utf-8")).get("run", "")
             except (OSError, ValueError):
                 run_id = ""
-            entry = _entry(key, results, run_id)
+            entry = _entry(key, results, run_id, settings)
             _append(history_dir, entry)
             new.append(entry)
     if damaged:
