@@ -4,7 +4,6 @@ cron schedule, so new checkpoints are evaluated as training writes them; the UI 
 Its artifact: the history as a table and each task's accuracy against training tokens."""
 from __future__ import annotations
 
-import functools
 import os
 import sys
 from pathlib import Path
@@ -85,18 +84,18 @@ def evaluate_checkpoints(params: PipelineParams = DEFAULT_PARAMS, params_file: s
     logger = get_run_logger()
     if not ckpts.is_dir():  # no training run yet is not an error for a schedule, but a mistyped folder says so
         logger.warning("no checkpoint folder %s (no training run has saved a checkpoint there yet)", ckpts)
-    # tokenize's own check of the tokenizer, once for both folders (a pass with nothing new needs none)
-    check_once = functools.cache(lambda: check_tokenizer(Context("evaluate", str(data))))
-    new, failed, folders = [], [], []
-    for folder in [ckpts] + previous:
-        if folder != ckpts and not folder.is_dir():  # looked for once the current run's are done
-            continue
-        folders.append(folder)
-        try:
-            new += hist.evaluate_new(folder, tokenizer, p.evaluate, Path(p.paths.benchmarks_dir), history, prov,
-                                     check=check_once, say=logger.warning)
-        except hist.CheckpointsUnreadable as e:  # the others were evaluated: the history is published, then this
-            new, failed = new + e.new, failed + [e]
+    # tokenize's own check of the tokenizer (evaluate_new runs it once, and not for a pass with nothing new)
+    def check() -> None:
+        check_tokenizer(Context("evaluate", str(data)))
+    # both folders in one pass, under one hold of the history's lock: a command-line pass started between them
+    # made this run stop as busy before it published what it had evaluated
+    failed = None
+    try:
+        new = hist.evaluate_new([ckpts] + previous, tokenizer, p.evaluate, Path(p.paths.benchmarks_dir), history, prov,
+                                check=check, say=logger.warning)
+    except hist.CheckpointsUnreadable as e:  # the others were evaluated: the history is published, then this
+        new, failed = e.new, e
+    folders = [ckpts] + [f for f in previous if f.is_dir()]
     every = hist.read_history(history)
     entries = hist.current(every, p.evaluate)  # a curve of one set of tasks and docs
     logger.info("evaluated %d new checkpoint(s) of %s; history holds %d with these settings (%d in all)", len(new),
@@ -105,7 +104,7 @@ def evaluate_checkpoints(params: PipelineParams = DEFAULT_PARAMS, params_file: s
                                  entries, len(new), hist.settings_of(p.evaluate), len(every) - len(entries)),
                              description="Every evaluated checkpoint of the training run")
     if failed:
-        raise failed[0] if len(failed) == 1 else hist.CheckpointsUnreadable("; ".join(str(e) for e in failed))
+        raise failed
     return {"new": [e["checkpoint"] for e in new], "history": len(entries)}
 
 

@@ -83,6 +83,25 @@ def test_other_settings_evaluate_every_checkpoint_again_and_the_history_shows_on
     assert "piqa" not in text
 
 
+def test_two_folders_are_one_pass_under_one_lock_each_listed_when_reached(tmp_path, benchmarks_dir):
+    """The flow evaluated the current run's folder and the run before's as two passes: a command-line pass
+    started between them made the flow stop as busy before it published anything."""
+    ckpts, tok = make_run(tmp_path)
+    before = tmp_path / "work.previous" / "checkpoints"
+    out, refused = tmp_path / "history", []
+
+    def meanwhile() -> None:  # runs once, before the first evaluation: another pass, then a run moved aside
+        with pytest.raises(StageBusy):
+            history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, out, {})
+        refused.append(True)
+        before.mkdir(parents=True)
+        shutil.copytree(ckpts / "step-00000020", before / "step-00000040")
+        meta = json.loads((before / "step-00000040" / "meta.json").read_text())
+        (before / "step-00000040" / "meta.json").write_text(json.dumps({**meta, "step": 40, "run": "before"}))
+    new = history.evaluate_new([ckpts, before], tok, CFG, benchmarks_dir, out, {}, check=meanwhile)
+    assert refused and [(e["step"], e["run"]) for e in new] == [(10, ""), (20, ""), (40, "before")]
+
+
 def test_a_crash_mid_way_resumes_with_the_next_checkpoint(tmp_path, benchmarks_dir, monkeypatch):
     ckpts, tok = make_run(tmp_path)
     out = tmp_path / "history"

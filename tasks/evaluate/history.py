@@ -16,7 +16,7 @@ import shutil
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 from tasks.core.errors import InputFileError, StageBusy
 from tasks.core.passes import atomic_write_text
@@ -115,11 +115,12 @@ def current(entries: list[dict], cfg: EvaluateParams) -> list[dict]:
     return [e for e in entries if e.get("settings") == settings]
 
 
-def evaluate_new(checkpoints_dir: Path, tokenizer: Path, cfg: EvaluateParams, benchmarks_dir: Path,
+def evaluate_new(checkpoints_dir: Path | Sequence[Path], tokenizer: Path, cfg: EvaluateParams, benchmarks_dir: Path,
                  history_dir: Path, provenance: dict, check: Callable[[], None] | None = None,
                  say: Callable[[str], None] = _stderr) -> list[dict]:
     """Evaluate every complete checkpoint not in the history with cfg's settings; returns the new history
-    entries. A checkpoint
+    entries. `checkpoints_dir` may be several folders (the current run's, then the run before's), evaluated
+    in that order under one hold of the lock: a pass run beside it waits for none of them half done. A checkpoint
     whose files cannot be read is reported and left for the next pass, after the others are evaluated
     (one damaged checkpoint stopped every later one from being evaluated, on every scheduled run); the
     pass then fails with CheckpointsUnreadable naming them. `check` runs once, before the first checkpoint
@@ -132,9 +133,11 @@ def evaluate_new(checkpoints_dir: Path, tokenizer: Path, cfg: EvaluateParams, be
     history_dir = Path(history_dir)
     new, damaged = [], []
     settings = settings_of(cfg)
+    dirs = [Path(checkpoints_dir)] if isinstance(checkpoints_dir, (str, Path)) else [Path(d) for d in checkpoints_dir]
     with _lock(history_dir):
         done = {e["checkpoint"] for e in current(read_history(history_dir), cfg)}
-        for folder in complete_checkpoints(checkpoints_dir):
+        # each folder listed when reached: a run moved to work.previous/ during the pass is found there
+        for folder in (c for d in dirs for c in complete_checkpoints(d)):
             try:
                 key = checkpoint_key(folder)
             except FileNotFoundError:  # pruned by the training run since it was listed
@@ -184,7 +187,7 @@ def evaluate_new(checkpoints_dir: Path, tokenizer: Path, cfg: EvaluateParams, be
             _append(history_dir, entry)
             new.append(entry)
     if damaged:
-        failed = CheckpointsUnreadable(f"{len(damaged)} checkpoint(s) of {checkpoints_dir} could not be read and are "
+        failed = CheckpointsUnreadable(f"{len(damaged)} checkpoint(s) of {' and '.join(str(d) for d in dirs if d.is_dir())} could not be read and are "
                                        f"left out of the history ({len(new)} evaluated): " + "; ".join(damaged))
         failed.new = new
         raise failed
