@@ -121,3 +121,19 @@ def test_torchruns_failure_report_stays_in_the_log(tmp_path):
     assert echo.getvalue() == b"input file error: checkpoint file x cannot be read\n"
     logged = (tmp_path / "launch.log").read_text()
     assert "input file error" in logged and "ChildFailedError" in logged and "trainer.run FAILED" in logged
+
+
+@pytest.mark.parametrize("cut", [1, 3, 40])
+def test_a_report_line_split_across_reads_echoes_none_of_it(tmp_path, cut):
+    """A read that ended inside the report's first line echoed that line's first bytes ("E1125 17:2")."""
+    from trainer.launch import _split_echo
+    line = (b"E1125 17:27:25.159000 24881 torch/distributed/elastic/multiprocessing/api.py:1002] failed "
+            b"(exitcode: 2) local_rank: 0\nTraceback (most recent call last):\n")
+    before = b"input file error: checkpoint file x cannot be read\n"
+    shown, held, muted = _split_echo(b"", before + line[:cut])
+    assert (shown, held, muted) == (before, line[:cut], False)
+    shown, held, muted = _split_echo(before, held + line[cut:])
+    assert (shown, held, muted) == (b"", b"", True)
+    # a line that only began like one is echoed once it ends, or when the output ends (the caller echoes `held`)
+    assert _split_echo(before, b"E1125 a warning\nnext") == (b"E1125 a warning\nnext", b"", False)
+    assert _split_echo(b"50%|##   |\r", b"E") == (b"E", b"", False)  # inside a line already begun

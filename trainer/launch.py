@@ -163,18 +163,22 @@ def _run_echoing(cmd: list[str], log: Path, echo, timeout: float | None) -> int:
     timer = threading.Timer(timeout, stop, (proc,)) if timeout else None
     if timer:
         timer.start()
-    last, tail, muted = b"\n", b"", False
+    last, tail, held, muted = b"\n", b"", b"", False
     try:
         with open(log, "ab") as out:
             while chunk := os.read(proc.stdout.fileno(), 65536):
                 out.write(chunk)
                 if not muted:
-                    shown, muted = _before_torchrun_report(tail, chunk)
-                    tail = (tail + chunk)[-512:]
+                    shown, held, muted = _split_echo(tail, held + chunk)
+                    tail = (tail + shown)[-512:]
                     if shown:
                         echo.write(shown)
                         echo.flush()
                         last = shown[-1:]
+        if held:  # an unfinished last line that was not the report after all
+            echo.write(held)
+            echo.flush()
+            last = held[-1:]
         return proc.wait()
     finally:
         if timer:
@@ -194,12 +198,23 @@ _TORCHRUN_REPORT = re.compile(rb"(?m)^E\d{4} [^\n]*?torch/distributed/elastic/mu
                               rb"\(exitcode")
 
 
-def _before_torchrun_report(tail: bytes, chunk: bytes) -> tuple[bytes, bool]:
-    """(what of `chunk` to echo, whether torchrun's failure report began in it); `tail`: the bytes before it."""
-    found = _TORCHRUN_REPORT.search(tail + chunk)
-    if found is None:
-        return chunk, False
-    return chunk[:max(0, found.start() - len(tail))], True
+# An unfinished line that may yet be that report's first line: held back until it ends, since a read that
+# split the line echoed its first bytes before the whole line could be recognised.
+_REPORT_START = re.compile(rb"E\d{0,4}|E\d{4} [^\n\r]{0,300}")
+
+
+def _split_echo(tail: bytes, pending: bytes) -> tuple[bytes, bytes, bool]:
+    """(what of `pending` to echo now, what to hold back, whether torchrun's failure report began);
+    `pending`: the bytes not echoed yet, `tail`: the last bytes echoed before them."""
+    found = _TORCHRUN_REPORT.search(tail + pending)
+    if found is not None:
+        return pending[:max(0, found.start() - len(tail))], b"", True
+    start = pending.rfind(b"\n") + 1
+    if start == 0 and tail and not tail.endswith(b"\n"):  # the unfinished line began before: not a report line
+        return pending, b"", False
+    if _REPORT_START.fullmatch(pending[start:]):
+        return pending[:start], pending[start:], False
+    return pending, b"", False
 
 
 def stop(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
