@@ -106,13 +106,15 @@ def build_model(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
     from trainer.schedule import whole_batches
     from trainer.size import parameters
     from tasks.train.profiles import check_launchable
+    work = ctx.root / "work"
+    # a killed run's last ranks are gone (their last checkpoint saved) before the run is sized from its resume
+    # point, and before its folder is reused or moved
+    lifeline.wait_for_ranks(work)
     facts, cfg, sized = check_run(p, ctx)
     check_launchable(p.train, next(r for r in sized if r["profile"] == p.train.profile))  # before any rank starts
     blend, datasets, tokenizer = blend_files(ctx)
-    work = ctx.root / "work"
     spec = RunSpec(train=cfg, out=str(work), blend_dir=str(blend.resolve()), datasets_dir=str(datasets.resolve()),
                    launch=p.train.launch)
-    lifeline.wait_for_ranks(work)  # a killed run's last ranks are gone before its folder is reused or moved
     identity = run_identity(cfg, ctx)
     spec = spec.model_copy(update={"run_id": identity})  # its checkpoints record it (the scheduled evaluation)
     work_folder.prepare(work, identity)
