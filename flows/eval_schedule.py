@@ -32,6 +32,9 @@ def history_markdown(entries: list[dict], new: int, settings: dict | None = None
     lines = [f"## Evaluation history ({len(entries)} checkpoints, {new} new in this run)", ""]
     if settings:
         lines += [f"Evaluated with: {hist.settings_text(settings)}.", ""]
+    if settings and (old := sum(hist.unrecorded(e) for e in entries)):
+        lines += [f"{old} of them were evaluated before entries recorded their settings: the same tasks and shots, "
+                  "their limit and seed not recorded.", ""]
     if others:
         lines += [f"{others} earlier entries of history.jsonl, evaluated with other settings, are not shown.", ""]
     keys = sorted({k for e in entries for k in e["metrics"] if k.endswith("/acc")})

@@ -83,6 +83,61 @@ def test_other_settings_evaluate_every_checkpoint_again_and_the_history_shows_on
     assert "piqa" not in text
 
 
+def test_entries_from_before_settings_were_recorded_count_when_their_tasks_and_shots_match(tmp_path, benchmarks_dir):
+    """Upgraded, a history without settings was evaluated again whole, and checkpoints pruned since fell out of
+    the published curve."""
+    from flows.eval_schedule import history_markdown
+    ckpts, tok = make_run(tmp_path)
+    out = tmp_path / "history"
+    history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, out, {})
+    lines = [json.loads(x) for x in (out / "history.jsonl").read_text().splitlines()]
+    (out / "history.jsonl").write_text("".join(json.dumps({k: v for k, v in e.items() if k != "settings"}) + "\n"
+                                               for e in lines))
+    assert history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, out, {}) == []
+    every = history.read_history(out)
+    assert len(history.current(every, CFG)) == 2
+    assert "2 of them were evaluated before entries recorded their settings" in history_markdown(
+        history.current(every, CFG), 0, history.settings_of(CFG))
+    one_shot = CFG.model_copy(update={"shots": ["one"]})  # other shots: evaluated again
+    assert [e["step"] for e in history.evaluate_new(ckpts, tok, one_shot, benchmarks_dir, out, {})] == [10, 20]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "a list", "no provenance"])
+def test_a_damaged_unlisted_result_is_evaluated_again(tmp_path, benchmarks_dir, monkeypatch, damage):
+    """A results.json evaluated but not listed (a crash between the two), then damaged, failed every later
+    scheduled pass with a JSON error."""
+    ckpts, tok = make_run(tmp_path)
+    out = tmp_path / "history"
+    history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, out, {})
+    first = history.read_history(out)[0]
+    (out / "history.jsonl").write_text("")  # the crash: results written, history line not
+    results = out / first["results"]
+    text = results.read_text()
+    results.write_text({"truncated": text[: len(text) // 2], "a list": "[]",
+                        "no provenance": json.dumps({**json.loads(text), "provenance": None})}[damage])
+    assert [e["step"] for e in history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, out, {})] == [10, 20]
+    assert json.loads(results.read_text())["key"] == first["checkpoint"]
+
+
+def test_a_run_moved_aside_during_the_pass_is_listed_once(tmp_path, benchmarks_dir, monkeypatch):
+    """A new run moved work/ to work.previous/ during the pass: the checkpoints evaluated from work/ were found
+    again in work.previous/ and listed twice."""
+    ckpts, tok = make_run(tmp_path)
+    before = tmp_path / "work.previous" / "checkpoints"
+    real = history.run
+
+    def moving(folder, *args, **kwargs):
+        if folder.name == "step-00000020" and ckpts.exists():
+            before.parent.mkdir(parents=True)
+            ckpts.rename(before)  # the run moves aside before step 20 is read
+        return real(folder, *args, **kwargs)
+    monkeypatch.setattr(history, "run", moving)
+    said = []
+    new = history.evaluate_new([ckpts, before], tok, CFG, benchmarks_dir, tmp_path / "history", {}, say=said.append)
+    steps = [e["step"] for e in history.read_history(tmp_path / "history")]
+    assert steps == [e["step"] for e in new] == [10, 20], said
+
+
 def test_two_folders_are_one_pass_under_one_lock_each_listed_when_reached(tmp_path, benchmarks_dir):
     """The flow evaluated the current run's folder and the run before's as two passes: a command-line pass
     started between them made the flow stop as busy before it published anything."""

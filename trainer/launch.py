@@ -175,10 +175,6 @@ def _run_echoing(cmd: list[str], log: Path, echo, timeout: float | None) -> int:
                         echo.write(shown)
                         echo.flush()
                         last = shown[-1:]
-        if held:  # an unfinished last line that was not the report after all
-            echo.write(held)
-            echo.flush()
-            last = held[-1:]
         return proc.wait()
     finally:
         if timer:
@@ -186,6 +182,10 @@ def _run_echoing(cmd: list[str], log: Path, echo, timeout: float | None) -> int:
         if proc.poll() is None:  # the caller was interrupted: take the ranks down with it
             stop(proc)
             proc.wait()
+        if held and not muted:  # an unfinished last line that was not the report after all (or a Ctrl-C came)
+            echo.write(held)
+            echo.flush()
+            last = held[-1:]
         if last not in (b"\n", b""):  # a progress bar's line (\r-redrawn) ended: what follows, e.g. the
             echo.write(b"\n")         # interrupted or error line, starts on a line of its own
             echo.flush()

@@ -101,6 +101,18 @@ def _entry(key: str, results: dict, run_id: str, settings: dict) -> dict:
             "metrics": {f"{r['task']}/{r['shots']}-shot/{r['metric']}": r["value"] for r in results["rows"]}}
 
 
+def _read_results(path: Path) -> dict:
+    """A results.json evaluated but not yet listed; {} when there is none or it is damaged (the checkpoint
+    is evaluated again: a truncated file failed every later scheduled pass)."""
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    prov = found.get("provenance") if isinstance(found, dict) else None
+    ok = isinstance(prov, dict) and isinstance(prov.get("checkpoint"), dict) and isinstance(found.get("rows"), list)
+    return found if ok else {}
+
+
 class CheckpointsUnreadable(InputFileError):
     """Damaged checkpoints, each reported and left out of the history; the others were evaluated."""
 
@@ -109,10 +121,23 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr)
 
 
+def _scored(settings: dict) -> set[str]:
+    return {f"{t}/{k}-shot" for t, ks in settings["shots"].items() for k in ks}
+
+
+def unrecorded(entry: dict) -> bool:
+    """An entry written before entries recorded their settings."""
+    return "settings" not in entry
+
+
 def current(entries: list[dict], cfg: EvaluateParams) -> list[dict]:
-    """The entries evaluated with cfg's settings."""
+    """The entries evaluated with cfg's settings. An entry from before settings were recorded counts as one
+    when it scored the same tasks and shot counts (its limit and seed are not known): the upgrade neither
+    evaluates every checkpoint again nor loses those that training has pruned since."""
     settings = settings_of(cfg)
-    return [e for e in entries if e.get("settings") == settings]
+    scored = _scored(settings)
+    return [e for e in entries if e.get("settings") == settings
+            or (unrecorded(e) and {k.rsplit("/", 1)[0] for k in e["metrics"]} == scored)]
 
 
 def evaluate_new(checkpoints_dir: Path | Sequence[Path], tokenizer: Path, cfg: EvaluateParams, benchmarks_dir: Path,
@@ -145,7 +170,7 @@ def evaluate_new(checkpoints_dir: Path | Sequence[Path], tokenizer: Path, cfg: E
             if key in done:
                 continue
             final = history_dir / results_folder(key, settings)
-            listed = json.loads((final / RESULTS).read_text(encoding="utf-8")) if (final / RESULTS).is_file() else {}
+            listed = _read_results(final / RESULTS)
             if listed.get("key") == key and listed.get("settings") == settings:
                 results = listed  # evaluated, not yet listed
             else:
@@ -186,6 +211,7 @@ def evaluate_new(checkpoints_dir: Path | Sequence[Path], tokenizer: Path, cfg: E
             entry = _entry(key, results, run_id, settings)
             _append(history_dir, entry)
             new.append(entry)
+            done.add(key)  # found again in the run before's folder (moved there during this pass): listed once
     if damaged:
         failed = CheckpointsUnreadable(f"{len(damaged)} checkpoint(s) of {' and '.join(str(d) for d in dirs if d.is_dir())} could not be read and are "
                                        f"left out of the history ({len(new)} evaluated): " + "; ".join(damaged))
