@@ -136,4 +136,32 @@ def test_a_report_line_split_across_reads_echoes_none_of_it(tmp_path, cut):
     assert (shown, held, muted) == (b"", b"", True)
     # a line that only began like one is echoed once it ends, or when the output ends (the caller echoes `held`)
     assert _split_echo(before, b"E1125 a warning\nnext") == (b"E1125 a warning\nnext", b"", False)
-    assert _split_echo(b"50%|##   |\r", b"E") == (b"E", b"", False)  # inside a line already begun
+    assert _split_echo(b"", b"train: DONE\n") == (b"train: DONE\n", b"", False)
+    # a rank killed mid-step leaves its progress bar's line unfinished (tqdm redraws it after a \r): the report
+    # goes on from there
+    bar = b"\rtrain:  40%|####      | 4/10 [00:01<00:01]\rtrain:  50%|#####     | 5/10 [00:01<00:01]"
+    assert _split_echo(b"", bar + line[:cut]) == (bar, line[:cut], False)
+    assert _split_echo(bar, line) == (b"", b"", True)
+
+
+def _echoed(stream: bytes, size: int) -> bytes:
+    """What the console gets of `stream` read `size` bytes at a time, as _run_echoing feeds _split_echo."""
+    from trainer.launch import _split_echo
+    tail, held, shown_all, muted = b"", b"", b"", False
+    for i in range(0, len(stream), size):
+        if not muted:
+            shown, held, muted = _split_echo(tail, held + stream[i:i + size])
+            tail, shown_all = (tail + shown)[-512:], shown_all + shown
+    return shown_all + (held if not muted else b"")
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 13, 64, 65536])
+def test_whatever_the_reads_the_console_gets_all_but_the_report(size):
+    error = b"input file error: checkpoint file x cannot be read\n"
+    bar = b"\rtrain:  50%|#####     | 5/10 [00:01<00:01, E2 3.2it/s]"
+    glog = b"E1125 17:27:24.000000 24881 some/other.py:12] not the report\n"
+    report = (b"E1125 17:27:25.159000 24881 torch/distributed/elastic/multiprocessing/api.py:1002] failed "
+              b"(exitcode: 2) local_rank: 0\nTraceback (most recent call last):\n  File ...\n")
+    for shown in (glog + error, glog + bar, bar + b"\n" + glog + error):
+        assert _echoed(shown + report, size) == shown
+        assert _echoed(shown, size) == shown

@@ -193,14 +193,13 @@ def _run_echoing(cmd: list[str], log: Path, echo, timeout: float | None) -> int:
 
 # torchrun's own report of a failed rank: its agent's error line, then a Python traceback of the launcher and a
 # box of the ranks' exit codes (about 30 lines). The console has had the rank's one-line error already, and
-# the stage ends with it; the report stays in launch.log, which that line names.
-_TORCHRUN_REPORT = re.compile(rb"(?m)^E\d{4} [^\n]*?torch/distributed/elastic/multiprocessing/api\.py:\d+\] failed "
+# the stage ends with it; the report stays in launch.log, which that line names. Found anywhere in a line: a
+# rank killed mid-step leaves its progress bar's line unfinished, and the report goes on from there.
+_TORCHRUN_REPORT = re.compile(rb"E\d{4} [^\n]*?torch/distributed/elastic/multiprocessing/api\.py:\d+\] failed "
                               rb"\(exitcode")
-
-
-# An unfinished line that may yet be that report's first line: held back until it ends, since a read that
-# split the line echoed its first bytes before the whole line could be recognised.
-_REPORT_START = re.compile(rb"E\d{0,4}|E\d{4} [^\n\r]{0,300}")
+# The end of the unfinished last line that may yet be that report's first bytes: held back until the line goes
+# on, since a read that split the report's line echoed its first bytes before it could be recognised.
+_REPORT_START = re.compile(rb"(?:E\d{4} [^\n\r]{0,300}|E\d{0,4})\Z")
 
 
 def _split_echo(tail: bytes, pending: bytes) -> tuple[bytes, bytes, bool]:
@@ -209,11 +208,9 @@ def _split_echo(tail: bytes, pending: bytes) -> tuple[bytes, bytes, bool]:
     found = _TORCHRUN_REPORT.search(tail + pending)
     if found is not None:
         return pending[:max(0, found.start() - len(tail))], b"", True
-    start = pending.rfind(b"\n") + 1
-    if start == 0 and tail and not tail.endswith(b"\n"):  # the unfinished line began before: not a report line
-        return pending, b"", False
-    if _REPORT_START.fullmatch(pending[start:]):
-        return pending[:start], pending[start:], False
+    maybe = _REPORT_START.search(pending, max(pending.rfind(b"\n"), pending.rfind(b"\r")) + 1)
+    if maybe is not None:
+        return pending[:maybe.start()], pending[maybe.start():], False
     return pending, b"", False
 
 
