@@ -85,6 +85,12 @@ def test_train_stage_trains_checkpoints_exports_and_validates(blended, monkeypat
     assert any(f"parallel.global_batch is {wide} but the run's last step trained at 4" in w for w in stats["warnings"])
     assert stats["train_tokens"] == stats["tokens"] == again["tokens"]  # the target it trained to
     assert validate_stage("train", wider).success  # failed: "tokens_off_schedule", against the new batch's
+    # train_tokens pinned to the number 0 resolved to: the same run, resumed with no step to train (it started
+    # another run from step 0 and moved this one to work.previous/)
+    pinned = params(blended, schedule={**SAMPLE["schedule"], "train_tokens": again["train_tokens"]})
+    stats = run_stage("train", pinned)
+    assert stats["resumed_from_step"] == stats["steps"] == again["steps"] and stats["tokens"] == again["tokens"]
+    assert not (blended / "data/train/work.previous").exists()
 
 
 def test_a_layout_that_does_not_fit_fails_before_launching(blended):

@@ -52,7 +52,18 @@ def _inputs(p: PipelineParams, ctx: Context) -> list[str]:
 
 def run_identity(cfg: TrainParams, ctx: Context) -> str:
     """What makes a run the same run: the model, recipe, seed and the blend it reads. Layout,
-    checkpoint cadence and MFU peak may change and the run resumes (checkpoints are layout-independent)."""
+    checkpoint cadence and MFU peak may change and the run resumes (checkpoints are layout-independent).
+    train_tokens given as the number a kept run with train_tokens 0 resolved to (its checkpoints record it)
+    is that run: pinning the number its report showed started another run from step 0, moving it aside."""
+    given = _identity(cfg, ctx)
+    if not cfg.schedule.train_tokens or work_folder.holds(ctx.root / "work", given):
+        return given
+    as_zero = _identity(cfg.model_copy(update={"schedule": cfg.schedule.model_copy(update={"train_tokens": 0})}), ctx)
+    meta = work_folder.resumes_from(ctx.root / "work", as_zero)
+    return as_zero if meta is not None and meta.get("train_tokens") == cfg.schedule.train_tokens else given
+
+
+def _identity(cfg: TrainParams, ctx: Context) -> str:
     from tasks.tokenize.blend import REPORT
     from tasks.tokenize.pieces import MANIFEST
     blend, datasets, tokenizer = blend_files(ctx)

@@ -97,6 +97,11 @@ def prepare(work: Path, identity: str) -> None:
     os.replace(new, work)
 
 
+def holds(work: Path, identity: str) -> bool:
+    """Whether the run `identity` is kept: in `work`, in work.previous/ or in a killed swap's work.swap/."""
+    return any(_run_in(f) == identity for f in (Path(work), _sibling(Path(work), ".previous"), _sibling(Path(work), ".swap")))
+
+
 def resumes_from(work: Path, identity: str) -> dict | None:
     """The meta.json of the checkpoint the run `identity` would resume from (in `work`, or in work.previous/
     or a killed swap's work.swap/, to be moved back), None where it starts from step 0: the stage sizes the
