@@ -51,10 +51,11 @@ def settings_key(settings: dict | None) -> str:
 
 def settings_text(settings: dict) -> str:
     """The settings as a line of the published history."""
-    shots = sorted({k for ks in settings["shots"].values() for k in ks})
+    shots = [f"{k}-shot" for k in sorted({k for ks in settings["shots"].values() for k in ks if k <= 1})]
+    few = [f"{t} {k}" for t, ks in settings["shots"].items() for k in ks if k > 1]
+    shots += [f"few-shot (k: {', '.join(few)})"] if few else []
     docs = "every doc" if settings["limit"] is None else f"{settings['limit']} docs per task"
-    return (f"{', '.join(settings['tasks'])}; {', '.join(f'{k}-shot' for k in shots)}; {docs}; "
-            f"seed {settings['seed']}")
+    return f"{', '.join(settings['tasks'])}; {', '.join(shots)}; {docs}; seed {settings['seed']}"
 
 
 def complete_checkpoints(directory: Path) -> list[Path]:
