@@ -109,6 +109,31 @@ def test_sandbox_kills_a_hung_item_and_continues():
     assert w.restarts == 1
 
 
+def test_a_worker_started_from_another_directory_finds_the_project(tmp_path, monkeypatch):
+    """Run from another working directory, the child (no `site`, so no editable-install finder) found no
+    `tasks`: every page of every shard failed as 'worker crashed' and the shards completed empty. Found by
+    an operator drill."""
+    import sys
+    root = str(Path(__file__).resolve().parents[1])
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [x for x in sys.path if x not in ("", ".", root)])
+    w = TimeLimitedWorker("tasks.extract.sandbox_child:frame")
+    try:
+        assert [ok for ok, _ in w.map(["a", "b"], time_limit=30.0)] == [True, True]
+    finally:
+        w.close()
+
+
+def test_a_worker_that_cannot_start_fails_at_once_naming_why():
+    """A child that dies before it is up fails the shard with its own last line (each page was counted
+    as a crash, the child restarted for every one, and the console got its traceback each time)."""
+    w = TimeLimitedWorker("tasks.no_such_module:fn")
+    with pytest.raises(RuntimeError, match=r"exited with code 1 before it was up: ModuleNotFoundError: "
+                                           r"No module named 'tasks.no_such_module'"):
+        list(w.map(["a", "b", "c"], time_limit=30.0))
+    assert w.restarts == 0 and w.proc is None
+
+
 def test_a_reused_worker_starts_each_call_with_a_fresh_clock():
     w = TimeLimitedWorker("tests.sandbox_targets:upper_or_hang")
     try:

@@ -14,6 +14,7 @@ import os
 import select
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -50,7 +51,9 @@ def _import_path() -> list[str]:
     """The parent's module search path, for a child started without `site` (-S): `site` spends
     ~20 ms of a ~50 ms start on .pth files (an editable install's finder alone ~17 ms). The
     child then finds exactly the modules the parent would, plus the project's own packages."""
-    root = str(Path(__file__).resolve().parent.parent)  # holds tasks/ (editable or not)
+    # the folder that holds tasks/ (a checkout or site-packages): from another working directory the child,
+    # without `site`, found no `tasks` in an editable install and every page of every shard failed
+    root = str(Path(__file__).resolve().parents[2])
     seen = [root]
     for entry in sys.path:
         entry = os.path.abspath(entry or os.getcwd())
@@ -82,8 +85,12 @@ class TimeLimitedWorker:
     def _start(self) -> None:
         """Launch without waiting: items queue in the pipe while the child imports; its first
         frame (READY) is consumed in map(), and no item's clock runs before it."""
+        # its stderr to a file: a child that cannot start says why in the error (each restart printed its
+        # traceback, once per page); library noise and native crash reports stay off the console
+        self.stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen([sys.executable, "-S", "-m", "tasks.extract.sandbox_child", self.target],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, env=_child_env())
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, bufsize=0,
+                                     env=_child_env())
         os.set_blocking(self.proc.stdin.fileno(), False)
         for f in (self.proc.stdin, self.proc.stdout):
             _widen_pipe(f.fileno())
@@ -95,7 +102,18 @@ class TimeLimitedWorker:
             self.proc.wait()
             self.proc.stdin.close()
             self.proc.stdout.close()
+            self.stderr.close()
         self.proc = None
+
+    def _failed_to_start(self) -> RuntimeError:
+        """The child died before it was up: every page would fail alike, so the shard fails, naming why."""
+        self.proc.wait()
+        code = self.proc.returncode
+        self.stderr.seek(0)
+        lines = [x.strip() for x in self.stderr.read()[-4096:].decode("utf-8", "replace").splitlines() if x.strip()]
+        self._kill()
+        return RuntimeError(f"the extraction process ({self.target}) exited with code {code} before it was up"
+                            + (f": {lines[-1]}" if lines else ""))
 
     def map(self, items: Iterable[Any], time_limit: float) -> Iterator[tuple[bool, Any]]:
         """Yield (ok, result) per item, in order; (False, TIMED_OUT) for an item over the limit.
@@ -117,6 +135,8 @@ class TimeLimitedWorker:
         nap = POLL_MIN_S
         while True:
             stopping.check()  # the run was interrupted: this page's shard stops here
+            if self.proc is not None and self.proc.poll() is not None and not self.ready:
+                raise self._failed_to_start()
             if self.proc is None or self.proc.poll() is not None:
                 self._kill()
                 self._start()  # resend what the dead child never answered
@@ -161,6 +181,8 @@ class TimeLimitedWorker:
                 try:
                     result = read_frame(out_fd)
                 except EOFError:  # the child died (e.g. a crash in native code)
+                    if not self.ready:
+                        raise self._failed_to_start() from None
                     pending_bytes -= pending.popleft()[1]
                     self._kill()
                     yield False, "worker crashed"
