@@ -15,7 +15,7 @@ from flows.plots import data_uri, history_png
 from flows import command_line
 from flows.stages import DEFAULT_PARAMS, resolve
 from tasks.core import interrupts
-from tasks.core.config import PipelineParams
+from tasks.core.config import PipelineParams, enter_project
 from tasks.core.errors import describe
 from tasks.core.stage import Context
 from tasks.evaluate import history as hist
@@ -113,8 +113,9 @@ def evaluate_checkpoints(params: PipelineParams = DEFAULT_PARAMS, params_file: s
 
 def main(argv: list[str]) -> int:
     try:
+        params_file = enter_project(argv[0] if argv else "params.yaml")
         command_line.prepare()
-        result = evaluate_checkpoints(params_file=argv[0] if argv else "params.yaml")
+        result = evaluate_checkpoints(params_file=params_file)
         interrupts.raise_if_requested()  # a Ctrl-C as the flow run ended, which Prefect drops: exit 130, not 0
         print(result)
     except Exception as e:  # noqa: BLE001

@@ -17,7 +17,7 @@ from flows.dvc_sync import record_in_dvc
 from flows.artifacts import publish_summary
 from flows import command_line
 from flows.stages import DEFAULT_PARAMS, STAGE_FLOWS, failed, resolve
-from tasks.core.config import PipelineParams, load_params
+from tasks.core.config import PipelineParams, enter_project, load_params
 from tasks.core.errors import ConfigError, describe, exit_code_of
 from tasks.core import interrupts, registry
 from tasks.core.registry import PIPELINE
@@ -78,6 +78,7 @@ def main(argv: list[str]) -> int:
         return 0
     params_file, stages = (argv[0], argv[1:]) if argv else ("params.yaml", [])
     try:
+        params_file = enter_project(params_file)
         p = load_params(params_file)  # a bad file fails before any Prefect server starts
         unknown = [s for s in stages if s not in PIPELINE]
         if unknown:

@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     stopped = f"interrupted: stage '{args.stage}' stopped; rerun it to resume"
     try:
-        summary = run(args.stage, args.params)
+        from tasks.core.config import enter_project
+        summary = run(args.stage, enter_project(args.params))
     except Exception as e:  # every error ends as one line and its exit code (README: exit codes)
         if interrupts.requested():  # a Ctrl-C that an import turned into an error (ImportError: ... failed)
             return interrupts.interrupted(stopped)

@@ -73,3 +73,28 @@ def test_models_are_flow_parameters():
     schema = parameter_schema(pretraining_pipeline.fn).model_dump()
     assert "params" in schema["properties"] and "PipelineParams" in str(schema["definitions"])
     assert "DownloadParams" in schema["definitions"]
+
+
+def test_a_command_naming_a_projects_params_from_elsewhere_runs_in_that_project(tmp_path):
+    """From another folder, the params file's relative paths were read from the working directory: a new
+    data/ tree there, or 'benchmarks folder ../shared/benchmarks does not exist'. Found by an operator drill."""
+    from tests.project_copy import copy_project
+    repo = copy_project(tmp_path / "repo")
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "sub").mkdir(parents=True)
+    out = subprocess.run([sys.executable, "-m", "tasks", "sample", "--params", str(repo / "params.yaml")],
+                         cwd=elsewhere, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"note: running in {repo}, the project of {repo / 'params.yaml'}" in out.stderr
+    assert (repo / "data" / "sample" / "stats.json").is_file() and not (elsewhere / "data").exists()
+    # from inside the project, with a relative path: the same, and the same outputs (up to date)
+    out = subprocess.run([sys.executable, "-m", "tasks", "sample", "--params", "../params.yaml"], cwd=repo / "data",
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and '"up_to_date": true' in out.stdout, out.stderr[-2000:]
+    assert not (repo / "data" / "data").exists()
+    # a params file outside any project: its paths are read from the working directory, as before
+    (elsewhere / "p.yaml").write_text("paths:\n  data_dir: out\n")
+    out = subprocess.run([sys.executable, "-m", "tasks", "extract", "--params", "../p.yaml"], cwd=elsewhere / "sub",
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 4 and "note:" not in out.stderr, out.stderr
+    assert "(out/download/stats.json missing)" in out.stderr and (elsewhere / "sub" / "out").is_dir()

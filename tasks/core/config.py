@@ -6,6 +6,8 @@ Every model forbids unknown keys: a typo in params.yaml is an error, never a sil
 """
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import Literal
 
@@ -247,3 +249,22 @@ def load_params(path: str | Path = "params.yaml") -> PipelineParams:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: top level must be a mapping of stage names")
     return parse_params(raw, str(path))
+
+
+def enter_project(params_file: str) -> str:
+    """A command naming the params file of a project (the nearest folder above the file with a dvc.yaml) from
+    another working directory runs in that project's folder, as `dvc repro` runs its stages: the file's
+    relative paths (paths.data_dir, paths.benchmarks_dir), DVC's record and the git commit are read there.
+    Run from elsewhere, they were read from the working directory: a new data/ tree there, or an error
+    about ../shared/benchmarks naming no folder. Returns the params file's path from the project's folder;
+    a file outside any project changes nothing."""
+    path = Path(params_file).resolve()
+    if not path.is_file():  # load_params names it as given
+        return params_file
+    project = next((d for d in path.parents if (d / "dvc.yaml").is_file()), None)
+    if project is None or project == Path.cwd().resolve():
+        return params_file
+    os.chdir(project)
+    print(f"note: running in {project}, the project of {params_file}: its relative paths are read from there",
+          file=sys.stderr)
+    return str(path.relative_to(project))
