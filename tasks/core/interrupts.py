@@ -48,6 +48,7 @@ class _State:
     owed = False
     resent = False
     exit_within_s = EXIT_WITHIN_S
+    code = 130  # 128 + the signal that asked the run to stop: SIGINT, or SIGTERM (143)
 
 
 _LOGGING_LOCK_WINDOWS = {"acquire", "_acquireLock"}  # Handler.acquire() / _acquireLock(), then `try:`
@@ -65,17 +66,21 @@ def install(exit_within_s: float = EXIT_WITHIN_S) -> None:
     _State.exit_within_s = exit_within_s
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _on_sigint)
+    # SIGTERM (`timeout`, `kill`, a scheduler) stops the run as Ctrl-C does, with exit status 143: by default
+    # it killed the process at once, with no line, leaving Prefect's runs and the shards unreported
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, _on_sigterm):
+        signal.signal(signal.SIGTERM, _on_sigterm)
 
 
 def exit_code() -> int:
-    """130, the exit status of a command stopped by Ctrl-C, and no other: a KeyboardInterrupt that
+    """130, the exit status of a command stopped by Ctrl-C (143 by SIGTERM), and no other: a KeyboardInterrupt that
     escaped code a C extension ran through PyRun_String (numba's import does) sets a flag in CPython 3.11
     that makes `python -m ...` kill itself by SIGINT at exit (status -2) however the program handled it."""
     try:
         ctypes.c_int.in_dll(ctypes.pythonapi, "_Py_UnhandledKeyboardInterrupt").value = 0
     except (ValueError, AttributeError):  # another Python keeps it elsewhere; a shell still says 130
         pass
-    return 130
+    return _State.code
 
 
 def interrupted(line: str) -> int:
@@ -94,6 +99,11 @@ def raise_if_requested() -> None:
     if _requested.is_set():
         _State.owed = False  # paid here: a SIGINT this module still has on its way is not raised again
         raise KeyboardInterrupt
+
+
+def _on_sigterm(signum, frame) -> None:
+    _State.code = 128 + signal.SIGTERM
+    _on_sigint(signum, frame)
 
 
 def _on_sigint(signum, frame) -> None:
@@ -178,9 +188,9 @@ def _exit_if_still_running(after_s: float) -> None:
     time.sleep(after_s)
     try:
         sys.stdout.flush()
-        sys.stderr.write(f"interrupted: the run had not stopped {after_s:g} s after Ctrl-C; ending it now. "
+        sys.stderr.write(f"interrupted: the run had not stopped {after_s:g} s after it was asked to; ending it now. "
                          "Where each thread was (for a bug report):\n")
         sys.stderr.flush()
         faulthandler.dump_traceback(all_threads=True)
     finally:
-        os._exit(130)
+        os._exit(_State.code)
