@@ -98,3 +98,16 @@ def test_a_command_naming_a_projects_params_from_elsewhere_runs_in_that_project(
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 4 and "note:" not in out.stderr, out.stderr
     assert "(out/download/stats.json missing)" in out.stderr and (elsewhere / "sub" / "out").is_dir()
+
+
+def test_yaml_errors_say_where_the_construct_began_and_checks_read_without_pydantics_prefix(tmp_path):
+    """PyYAML marks where it noticed a problem, often lines after the one to fix (an operator drill read
+    'line 99' for a quote left open on line 98); a section's own check read 'evaluate: Value error, ...'."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text('download:\n  crawl_id: "CC-MAIN-2020-50\n  n_files: 2\n')
+    with pytest.raises(ConfigError, match=r"not valid YAML: line 4: found unexpected end of stream \(while scanning "
+                                          r"a quoted scalar that began on line 2\)$"):
+        load_params(bad)
+    bad.write_text("evaluate:\n  fewshot_k: {lambada: 0}\n  tasks: [lambada]\n")
+    with pytest.raises(ConfigError, match=r"^.*bad.yaml: evaluate: fewshot_k must be >= 1 \(got lambada: 0\)$"):
+        load_params(bad)

@@ -153,7 +153,7 @@ def test_missing_task_file_is_a_clear_error(tmp_path, bench):
 
 
 def test_bad_parameters(tmp_path):
-    with pytest.raises(ConfigError, match="decontaminate.min_n: Value error, min_n must be <= n"):
+    with pytest.raises(ConfigError, match="decontaminate.min_n: min_n must be <= n"):
         parse_params({"decontaminate": {"n": 10, "min_n": 12}})
     with pytest.raises(ConfigError, match="decontaminate.tasks.0: Input should be 'lambada'"):
         parse_params({"decontaminate": {"tasks": ["squad"]}})

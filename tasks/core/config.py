@@ -198,8 +198,8 @@ def _format(err: ValidationError) -> str:
         got_s = "" if e["type"] == "missing" or isinstance(got, dict) else f" (got {got!r})"
         if e["type"] == "extra_forbidden":
             lines.append(f"{key}: unknown key")
-        else:
-            lines.append(f"{key}: {e['msg']}{got_s}")
+        else:  # a validator's own message, without pydantic's "Value error, " before it
+            lines.append(f"{key}: {e['msg'].removeprefix('Value error, ')}{got_s}")
     return "; ".join(lines)
 
 
@@ -241,7 +241,11 @@ def load_params(path: str | Path = "params.yaml") -> PipelineParams:
         raise ConfigError(f"{path}: {e}") from None
     except yaml.MarkedYAMLError as err:
         where = f"line {err.problem_mark.line + 1}: " if err.problem_mark else ""
-        raise ConfigError(f"{path}: not valid YAML: {where}{err.problem or err.context}") from None
+        # PyYAML marks where it noticed the problem, often a line after the one to fix: say where that began
+        began = err.context_mark is not None and err.problem and err.context and (
+            err.problem_mark is None or err.context_mark.line != err.problem_mark.line)
+        context = f" ({err.context} that began on line {err.context_mark.line + 1})" if began else ""
+        raise ConfigError(f"{path}: not valid YAML: {where}{err.problem or err.context}{context}") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
     if raw is None:
