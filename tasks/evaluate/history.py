@@ -38,8 +38,9 @@ def settings_of(cfg: EvaluateParams) -> dict:
     """What an entry's metrics depend on besides the checkpoint: the tasks, each one's shot counts and the
     docs drawn (limit, seed). Not the scoring batch, the device or the generation samples, which leave the
     scores as they are."""
-    return {"tasks": sorted(set(cfg.tasks)), "shots": {t: sorted(set(cfg.shot_counts(t))) for t in sorted(set(cfg.tasks))},
-            "limit": cfg.limit, "seed": cfg.seed}
+    tasks = sorted(set(cfg.tasks))
+    return {"tasks": tasks, "shots": {t: sorted(set(cfg.shot_counts(t))) for t in tasks}, "limit": cfg.limit,
+            "seed": cfg.seed}
 
 
 def settings_key(settings: dict | None) -> str:
@@ -214,8 +215,9 @@ def evaluate_new(checkpoints_dir: Path | Sequence[Path], tokenizer: Path, cfg: E
             new.append(entry)
             done.add(key)  # found again in the run before's folder (moved there during this pass): listed once
     if damaged:
-        failed = CheckpointsUnreadable(f"{len(damaged)} checkpoint(s) of {' and '.join(str(d) for d in dirs if d.is_dir())} could not be read and are "
-                                       f"left out of the history ({len(new)} evaluated): " + "; ".join(damaged))
+        where = " and ".join(str(d) for d in dirs if d.is_dir())
+        failed = CheckpointsUnreadable(f"{len(damaged)} checkpoint(s) of {where} could not be read and are left out "
+                                       f"of the history ({len(new)} evaluated): " + "; ".join(damaged))
         failed.new = new
         raise failed
     return new

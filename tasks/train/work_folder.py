@@ -99,7 +99,8 @@ def prepare(work: Path, identity: str) -> None:
 
 def holds(work: Path, identity: str) -> bool:
     """Whether the run `identity` is kept: in `work`, in work.previous/ or in a killed swap's work.swap/."""
-    return any(_run_in(f) == identity for f in (Path(work), _sibling(Path(work), ".previous"), _sibling(Path(work), ".swap")))
+    work = Path(work)
+    return any(_run_in(f) == identity for f in (work, _sibling(work, ".previous"), _sibling(work, ".swap")))
 
 
 def resumes_from(work: Path, identity: str) -> dict | None:
