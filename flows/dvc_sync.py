@@ -11,10 +11,14 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+
+import yaml
 
 from tasks.core import registry
 from tasks.core.config import ConfigError, PipelineParams, load_params
+from tasks.core.runner import stats_path
 from tasks.core.source import changed_since_loaded
 
 
@@ -59,10 +63,51 @@ def record_in_dvc(stages: list[str], p: PipelineParams) -> str:
                f"(the outputs are the old code's; the next run redoes them)") if edited else ""
     if not stages:
         return skipped
+    repaired = _set_aside_if_damaged(root / "dvc.lock")
+    if repaired:  # the other stages' records went with it: every stage with outputs is recorded again
+        stages = [s for s in registry.PIPELINE if s not in edited and stats_path(p, s).is_file()]
+    code, output = _dvc_to_the_end(["commit", "--force", *stages], root)
+    if code != 0:
+        raise RuntimeError(f"dvc commit failed: {dvc_error(output)}")
+    return (f"{repaired}recorded in dvc.lock: {', '.join(stages)}" + (f"; {skipped}" if skipped else ""))
+
+
+def _set_aside_if_damaged(lock: Path) -> str:
+    """A dvc.lock that DVC's own schema refuses (cut short, or emptied, by a dvc killed as it wrote it: it
+    writes the file in place) is moved to dvc.lock.damaged: every later run failed on it with "dvc commit
+    failed: required key not provided". (One cut where the schema still holds is rewritten by the commit.)
+    Returns what was done, for the log line."""
+    if not lock.is_file():
+        return ""
+    from dvc.schema import COMPILED_LOCKFILE_SCHEMA
+    try:
+        COMPILED_LOCKFILE_SCHEMA(yaml.safe_load(lock.read_text(encoding="utf-8")))
+        return ""
+    except Exception:  # noqa: BLE001 - YAML, decoding or schema: whichever, DVC cannot read it
+        pass
+    os.replace(lock, lock.with_name("dvc.lock.damaged"))
+    return f"{lock} was damaged (kept as dvc.lock.damaged); "
+
+
+def _dvc_to_the_end(args: list[str], root: Path) -> tuple[int, str]:
+    """Run dvc in a session of its own and wait for it whatever comes: a Ctrl-C or SIGTERM to the run's
+    process group killed it while it wrote dvc.lock, which it writes in place, and left the file cut short
+    or empty. It takes seconds; the stop is raised once it has ended."""
     dvc = Path(sys.executable).with_name("dvc")
-    cmd = [str(dvc) if dvc.exists() else "dvc", "commit", "--force", *stages]
     env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
-    out = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
-    if out.returncode != 0:
-        raise RuntimeError(f"dvc commit failed: {dvc_error(out.stderr + out.stdout)}")
-    return f"recorded in dvc.lock: {', '.join(stages)}" + (f"; {skipped}" if skipped else "")
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen([str(dvc) if dvc.exists() else "dvc", *args], cwd=root, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        stop = None
+        while True:
+            try:
+                proc.wait()
+                break
+            except BaseException as e:  # KeyboardInterrupt, or Prefect's TerminationSignal (SIGTERM)
+                if not isinstance(e, KeyboardInterrupt) and type(e).__name__ != "TerminationSignal":
+                    raise
+                stop = e
+        if stop is not None:
+            raise stop
+        out.seek(0)
+        return proc.returncode, out.read().decode("utf-8", "replace")

@@ -55,6 +55,18 @@ def test_an_interrupt_raised_in_a_finalizer_is_raised_again_outside_it(where):
     assert "Exception ignored" not in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
+def test_a_sigterm_prefect_raises_in_a_finalizer_stops_the_run_with_143():
+    """During a flow run Prefect's SIGTERM handler raises TerminationSignal; raised in a finalizer it was
+    dropped, and the run went on to exit 0 (an operator drill: 1 group SIGTERM in 8)."""
+    program = IN_A_FINALIZER.replace("signal.SIGINT", "signal.SIGTERM").format(install=INSTALL + (
+        "\n    from prefect.utilities.engine import _prefect_sigterm_handler"
+        "\n    signal.signal(signal.SIGTERM, _prefect_sigterm_handler)  # as a flow run has it"))
+    program += "    print(interrupts.exit_code())\n"
+    out = python(program, "del", "6000")
+    assert out.stdout.split() == ["interrupted", "143"], out
+    assert "Exception ignored" not in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
 def test_without_it_python_drops_an_interrupt_raised_in_a_finalizer():
     """What the handler is for: CPython's own behaviour, which the test above would otherwise not see."""
     out = python(IN_A_FINALIZER.format(install=""), "del", "100")

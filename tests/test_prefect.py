@@ -70,9 +70,13 @@ def test_pipeline_against_server_publishes_artifacts_and_leaves_dvc_up_to_date(s
     assert steps and re.match(r"train step 2: loss \d+\.\d{4}, lr .*, 2,048/2,048 tokens \(100%\)", steps[-1]), steps
     # a second run finds every stage up to date: nothing runs or changes, and the UI says so
     stats = {f: f.read_bytes() for f in sorted((repo / "data").glob("*/stats.json"))}
+    (repo / "dvc.lock").write_bytes(b"")  # emptied by a dvc killed as it wrote it (an operator drill)
     out = run([sys.executable, "-m", "flows.pipeline", "params.yaml"], repo, server)
     assert out.count("up to date (its code, parameters and inputs are those of the run that made its outputs") == 9
     assert {f: f.read_bytes() for f in sorted((repo / "data").glob("*/stats.json"))} == stats
+    # the damaged dvc.lock failed every later run ("dvc commit failed: required key not provided"): set aside
+    assert f"{repo / 'dvc.lock'} was damaged (kept as dvc.lock.damaged); recorded in dvc.lock: sample, " in out
+    assert (repo / "dvc.lock.damaged").read_bytes() == b""
     assert "Data and pipelines are up to date." in dvc(repo, "status")
     texts = [a["data"] for a in api(server, "/artifacts/filter", {"artifacts": {"key": {"any_": ["filter-stats"]}}})]
     assert len(texts) == 2 and sum("**Up to date:** not run again" in t for t in texts) == 1

@@ -160,8 +160,13 @@ def _raise_lost_interrupts() -> None:
     previous = sys.unraisablehook
 
     def hook(unraisable) -> None:
-        if unraisable.exc_type is KeyboardInterrupt and threading.current_thread() is threading.main_thread() \
+        # Prefect's SIGTERM handler, in place during a flow run, raises TerminationSignal: dropped the same way
+        # (a run went on to exit 0), it is asked for again as the Ctrl-C path's interrupt, with SIGTERM's code
+        term = getattr(unraisable.exc_type, "__name__", "") == "TerminationSignal"
+        if (unraisable.exc_type is KeyboardInterrupt or term) and threading.current_thread() is threading.main_thread() \
                 and not getattr(threading, "_SHUTTING_DOWN", False):  # at exit: reported, as Python does
+            if term:
+                _State.code = 128 + signal.SIGTERM
             _State.owed = True
             _resend_later()
             return
