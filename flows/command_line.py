@@ -17,6 +17,26 @@ import signal
 import subprocess
 
 
+def stop_during_imports(line: str) -> None:
+    """First thing a command does, before its imports (Prefect's take seconds): a Ctrl-C or SIGTERM then
+    ends it with its one line and 130 or 143, where SIGTERM killed it with no line and Ctrl-C printed a
+    KeyboardInterrupt traceback. Nothing has started yet that needs stopping."""
+    import os
+    import sys
+
+    from tasks.core import interrupts
+    interrupts.install()
+    previous = sys.excepthook
+
+    def hook(kind, value, tb) -> None:
+        if not issubclass(kind, KeyboardInterrupt):
+            return previous(kind, value, tb)
+        print(line, file=sys.stderr, flush=True)
+        os._exit(interrupts.exit_code())
+
+    sys.excepthook = hook
+
+
 def prepare(stop_within_s: float | None = None) -> None:
     """`stop_within_s`: how long a run asked to stop may take before it is ended (the default: 30 s)."""
     from tasks.core import interrupts, lifeline

@@ -4,6 +4,10 @@ cron schedule, so new checkpoints are evaluated as training writes them; the UI 
 Its artifact: the history as a table and each task's accuracy against training tokens."""
 from __future__ import annotations
 
+if __name__ == "__main__":  # a command: a Ctrl-C or SIGTERM during the imports below ends it with its line
+    from flows.command_line import stop_during_imports
+    stop_during_imports("interrupted: evaluation stopped; rerun it to go on")
+
 import os
 import sys
 from pathlib import Path

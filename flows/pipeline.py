@@ -5,6 +5,10 @@ Triggered from the Prefect UI through the deployment in prefect.yaml, or run dir
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # a command: a Ctrl-C or SIGTERM during the imports below ends it with its line
+    from flows.command_line import stop_during_imports
+    stop_during_imports("interrupted: the pipeline stopped; rerun it to resume")
+
 import json
 import os
 import sys

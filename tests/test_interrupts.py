@@ -311,3 +311,20 @@ def test_ctrl_c_as_the_scheduled_evaluation_ends_exits_130(server, tmp_path):
     out = python(program, str(tmp_path / "params.yaml"), env=server)
     assert out.returncode == 130 and "interrupted: evaluation stopped" in out.stderr + out.stdout, out
     assert "'new': []" not in out.stdout, out  # the result is not printed as if the run had finished
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_stop_during_the_commands_imports_ends_it_with_its_line(sig):
+    """Prefect's imports take seconds: a SIGTERM then killed `python -m flows.pipeline` with no line (status
+    -15), a Ctrl-C printed a KeyboardInterrupt traceback (found by an operator drill)."""
+    program = f"""
+        import signal, sys
+        from flows.command_line import stop_during_imports
+        stop_during_imports("interrupted: the pipeline stopped; rerun it to resume")
+        signal.raise_signal(signal.{sig})  # as if it came during the imports that follow
+        import prefect
+        print("went on")
+    """
+    out = python(program)
+    assert out.stdout == "" and out.stderr == "interrupted: the pipeline stopped; rerun it to resume\n", out
+    assert out.returncode == {"SIGINT": 130, "SIGTERM": 143}[sig]
