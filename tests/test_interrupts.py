@@ -202,6 +202,37 @@ def test_an_interrupt_asked_again_wakes_a_main_thread_blocked_in_a_wait():
     assert out.stdout.strip() == "interrupted", out
 
 
+def test_an_interrupt_asked_again_while_the_hook_still_runs_is_not_lost():
+    """On a loaded machine (CI) the main thread was still in the unraisable hook when the interrupt it had
+    asked for again arrived 10 ms later: raised inside the hook, it was dropped for good, and the run went on
+    until the 30 s limit. Here the request lands inside the hook at once."""
+    program = """
+        import signal, threading
+        from tasks.core import interrupts
+        interrupts.install()
+        later, calls = interrupts._resend_later, []
+        def at_once():
+            calls.append(1)
+            if len(calls) == 1:  # as if the 10 ms had passed before the hook returned
+                interrupts._State.resent = True
+                signal.raise_signal(signal.SIGINT)
+            else:
+                later()
+        interrupts._resend_later = at_once
+        class Finalized:
+            def __del__(self):
+                signal.raise_signal(signal.SIGINT)
+        try:
+            Finalized()
+            threading.Event().wait(3600)
+            print("wait ended")
+        except KeyboardInterrupt:
+            print("interrupted")
+    """
+    out = python(program)
+    assert out.stdout.strip() == "interrupted" and "had not stopped" not in out.stderr, out
+
+
 def test_an_interrupt_prefect_drops_at_the_end_of_a_flow_run_is_raised_after_it(server):
     """Prefect logs and drops a KeyboardInterrupt that comes after the flow's code returned (here from an
     on_completion hook, which runs there); the pipeline asks again after each stage's flow run."""

@@ -49,6 +49,7 @@ class _State:
     resent = False
     exit_within_s = EXIT_WITHIN_S
     code = 130  # 128 + the signal that asked the run to stop: SIGINT, or SIGTERM (143)
+    hook_code = None  # the unraisable hook's code, where an interrupt must not be raised
 
 
 _LOGGING_LOCK_WINDOWS = {"acquire", "_acquireLock"}  # Handler.acquire() / _acquireLock(), then `try:`
@@ -115,7 +116,7 @@ def _on_sigint(signum, frame) -> None:
         _State.resent = False  # a second KeyboardInterrupt would land in the first one's cleanup)
         if not _State.owed:
             return
-    if _in_lock_window(frame):
+    if _in_lock_window(frame) or _in_the_hook(frame):
         _State.owed = True
         _resend_later()
         return
@@ -133,6 +134,17 @@ def _in_lock_window(frame) -> bool:
         return False
     code = frame.f_code
     return _importlib_code(code) or (code.co_filename == logging.__file__ and code.co_name in _LOGGING_LOCK_WINDOWS)
+
+
+def _in_the_hook(frame) -> bool:
+    """Whether the main thread is still in the unraisable hook below, which asks again for an interrupt a
+    finalizer dropped: raised there, it is dropped again, for good (a loaded machine can hold the main
+    thread there past the 10 ms the request waits; the run then ran on until its limit)."""
+    while frame is not None:
+        if frame.f_code is _State.hook_code:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def importing(frame) -> bool:
@@ -173,6 +185,7 @@ def _raise_lost_interrupts() -> None:
         previous(unraisable)
 
     hook._raises_lost_interrupts = True
+    _State.hook_code = hook.__code__
     sys.unraisablehook = hook
 
 
