@@ -178,13 +178,8 @@ def test_an_interrupt_in_a_modules_own_code_is_raised_there(tmp_path):
                                                "raised in importlib's code: False"], out
 
 
-def test_an_interrupt_asked_again_wakes_a_main_thread_blocked_in_a_wait():
-    """Dropped in a finalizer just before the main thread waits (as in Prefect's as_completed): asked
-    again by a real signal, it ends the wait, rather than being run when the wait is over."""
-    program = """
-        import signal, threading
-        from tasks.core import interrupts
-        interrupts.install()
+# an interrupt dropped in a finalizer just before the main thread waits (as in Prefect's as_completed)
+DROPPED_THEN_WAITING = """
         class Finalized:
             def __del__(self):
                 signal.raise_signal(signal.SIGINT)
@@ -194,7 +189,17 @@ def test_an_interrupt_asked_again_wakes_a_main_thread_blocked_in_a_wait():
             print("wait ended")
         except KeyboardInterrupt:
             print("interrupted")
-    """
+"""
+
+
+def test_an_interrupt_asked_again_wakes_a_main_thread_blocked_in_a_wait():
+    """Dropped in a finalizer just before the main thread waits (as in Prefect's as_completed): asked
+    again by a real signal, it ends the wait, rather than being run when the wait is over."""
+    program = """
+        import signal, threading
+        from tasks.core import interrupts
+        interrupts.install()
+    """ + DROPPED_THEN_WAITING
     try:
         out = python(program)
     except subprocess.TimeoutExpired:
@@ -219,16 +224,7 @@ def test_an_interrupt_asked_again_while_the_hook_still_runs_is_not_lost():
             else:
                 later()
         interrupts._resend_later = at_once
-        class Finalized:
-            def __del__(self):
-                signal.raise_signal(signal.SIGINT)
-        try:
-            Finalized()
-            threading.Event().wait(3600)
-            print("wait ended")
-        except KeyboardInterrupt:
-            print("interrupted")
-    """
+    """ + DROPPED_THEN_WAITING
     out = python(program)
     assert out.stdout.strip() == "interrupted" and "had not stopped" not in out.stderr, out
 
