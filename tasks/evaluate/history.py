@@ -43,10 +43,8 @@ def settings_of(cfg: EvaluateParams) -> dict:
             "seed": cfg.seed}
 
 
-def settings_key(settings: dict | None) -> str:
-    """A short hash of the settings; "" for an entry written before settings were recorded."""
-    if not settings:
-        return ""
+def settings_key(settings: dict) -> str:
+    """A short hash of the settings, in the name of the results folder."""
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
 
 
