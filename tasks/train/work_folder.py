@@ -97,22 +97,28 @@ def prepare(work: Path, identity: str) -> None:
     os.replace(new, work)
 
 
-def holds(work: Path, identity: str) -> bool:
-    """Whether the run `identity` is kept: in `work`, in work.previous/ or in a killed swap's work.swap/."""
+def _kept_in(work: Path, identity: str) -> Path | None:
+    """The folder keeping the run `identity`: `work`, work.previous/ or a killed swap's work.swap/."""
     work = Path(work)
-    return any(_run_in(f) == identity for f in (work, _sibling(work, ".previous"), _sibling(work, ".swap")))
+    return next((f for f in (work, _sibling(work, ".previous"), _sibling(work, ".swap")) if _run_in(f) == identity),
+                None)
+
+
+def holds(work: Path, identity: str) -> bool:
+    """Whether the run `identity` is kept (see _kept_in)."""
+    return _kept_in(work, identity) is not None
 
 
 def resumes_from(work: Path, identity: str) -> dict | None:
     """The meta.json of the checkpoint the run `identity` would resume from (in `work`, or in work.previous/
     or a killed swap's work.swap/, to be moved back), None where it starts from step 0: the stage sizes the
     rest of a resumed run from it."""
-    for folder in (Path(work), _sibling(Path(work), ".previous"), _sibling(Path(work), ".swap")):
-        if _run_in(folder) == identity:
-            from trainer import checkpoint  # torch: only for a run that resumes
-            try:
-                last = checkpoint.latest(folder / "checkpoints")
-                return checkpoint.read_meta(last) if last is not None else None
-            except (OSError, checkpoint.CheckpointUnreadable):  # the ranks name a damaged one as they load it
-                return None
-    return None
+    folder = _kept_in(work, identity)
+    if folder is None:
+        return None
+    from trainer import checkpoint  # torch: only for a run that resumes
+    try:
+        last = checkpoint.latest(folder / "checkpoints")
+        return checkpoint.read_meta(last) if last is not None else None
+    except (OSError, checkpoint.CheckpointUnreadable):  # the ranks name a damaged one as they load it
+        return None
