@@ -80,9 +80,9 @@ def _metrics(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def check_run(p: PipelineParams, ctx: Context) -> tuple[dict, TrainParams, list[dict]]:
+def check_run(p: PipelineParams, ctx: Context) -> tuple[dict, TrainParams, list[dict], str]:
     """The refusals of the run itself (the stage's declared check, and again in the pass): the blend's
-    facts, the run's parameters and every profile sized. A bad layout or more train_tokens than the blend
+    facts, the run's parameters, every profile sized and the run's identity. A bad layout or more train_tokens than the blend
     holds fail in a second. (Whether this machine can launch it is checked in the pass, before the launch:
     a model already trained elsewhere is reused here without one.)"""
     from trainer.schedule import samples_needed
@@ -96,7 +96,8 @@ def check_run(p: PipelineParams, ctx: Context) -> tuple[dict, TrainParams, list[
         raise ConfigError(f"train.profiles.{p.train.profile}: {e}") from None
     sized = sized_profiles(p.train, vocab, seq)
     # a resumed run goes on from its samples at params.yaml's batch (which may have changed): counted from there
-    resumed = work_folder.resumes_from(ctx.root / "work", run_identity(cfg, ctx))
+    identity = run_identity(cfg, ctx)
+    resumed = work_folder.resumes_from(ctx.root / "work", identity)
     start = resumed["consumed_samples"] if resumed else 0
     needed = samples_needed(cfg.schedule, cfg.parallel, seq, start)
     if needed > facts["samples"]:  # the loop would find out at the last step it can take
@@ -106,7 +107,7 @@ def check_run(p: PipelineParams, ctx: Context) -> tuple[dict, TrainParams, list[
                           f"{needed:,} samples of {seq} tokens and the blend has {facts['samples']:,}: a larger blend "
                           f"(tokenize.train_tokens) or fewer train_tokens" + (", or the global_batch the run trained "
                           "at" if resumed else ""))
-    return facts, cfg, sized
+    return facts, cfg, sized, identity
 
 
 def build_model(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
@@ -121,12 +122,11 @@ def build_model(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
     # a killed run's last ranks are gone (their last checkpoint saved) before the run is sized from its resume
     # point, and before its folder is reused or moved
     lifeline.wait_for_ranks(work)
-    facts, cfg, sized = check_run(p, ctx)
+    facts, cfg, sized, identity = check_run(p, ctx)  # the identity read after the wait: the run as it stands
     check_launchable(p.train, next(r for r in sized if r["profile"] == p.train.profile))  # before any rank starts
     blend, datasets, tokenizer = blend_files(ctx)
     spec = RunSpec(train=cfg, out=str(work), blend_dir=str(blend.resolve()), datasets_dir=str(datasets.resolve()),
                    launch=p.train.launch)
-    identity = run_identity(cfg, ctx)
     spec = spec.model_copy(update={"run_id": identity})  # its checkpoints record it (the scheduled evaluation)
     work_folder.prepare(work, identity)
     start = checkpoint.latest(work / "checkpoints")
