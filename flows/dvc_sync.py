@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from tasks.core import registry
+from tasks.core import interrupts, registry
 from tasks.core.config import ConfigError, PipelineParams, load_params
 from tasks.core.runner import stats_path
 from tasks.core.source import changed_since_loaded
@@ -103,8 +103,8 @@ def _dvc_to_the_end(args: list[str], root: Path) -> tuple[int, str]:
             try:
                 proc.wait()
                 break
-            except BaseException as e:  # KeyboardInterrupt, or Prefect's TerminationSignal (SIGTERM)
-                if not isinstance(e, KeyboardInterrupt) and type(e).__name__ != "TerminationSignal":
+            except BaseException as e:
+                if not interrupts.stops_the_run(type(e)):
                     raise
                 stop = e
         if stop is not None:

@@ -102,6 +102,12 @@ def raise_if_requested() -> None:
         raise KeyboardInterrupt
 
 
+def stops_the_run(kind: type[BaseException]) -> bool:
+    """Whether an exception is a signal asking the run to stop: KeyboardInterrupt (Ctrl-C, or SIGTERM through
+    this module) or Prefect's TerminationSignal (SIGTERM while its handler is in place, in a flow run)."""
+    return isinstance(kind, type) and (issubclass(kind, KeyboardInterrupt) or kind.__name__ == "TerminationSignal")
+
+
 def _on_sigterm(signum, frame) -> None:
     _State.code = 128 + signal.SIGTERM
     _on_sigint(signum, frame)
@@ -174,10 +180,9 @@ def _raise_lost_interrupts() -> None:
     def hook(unraisable) -> None:
         # Prefect's SIGTERM handler, in place during a flow run, raises TerminationSignal: dropped the same way
         # (a run went on to exit 0), it is asked for again as the Ctrl-C path's interrupt, with SIGTERM's code
-        term = getattr(unraisable.exc_type, "__name__", "") == "TerminationSignal"
-        if (unraisable.exc_type is KeyboardInterrupt or term) and threading.current_thread() is threading.main_thread() \
+        if stops_the_run(unraisable.exc_type) and threading.current_thread() is threading.main_thread() \
                 and not getattr(threading, "_SHUTTING_DOWN", False):  # at exit: reported, as Python does
-            if term:
+            if not issubclass(unraisable.exc_type, KeyboardInterrupt):
                 _State.code = 128 + signal.SIGTERM
             _State.owed = True
             _resend_later()
