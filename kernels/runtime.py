@@ -5,6 +5,7 @@ Each (kernel, dtype, vector width, row layout) instantiation is its own small Ra
 lazily by NVRTC and kept in CuPy's on-disk cache, so a process compiles only what it launches."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -126,12 +127,15 @@ def vector_width(cols: int, *tensors: torch.Tensor) -> int:
 class RowLayout:
     """How a row of `cols` elements sits in registers: `slots` vectors per thread, one warp per row
     (`warp`, several rows per block) or one block of `threads` per row. `per_sm`: blocks resident per
-    multiprocessor (from the compiled kernel's registers); launches are one such wave, grid-striding."""
+    multiprocessor (from the compiled kernel's registers); launches are one such wave, grid-striding.
+    `stream` (the LayerNorm forward): its variant that reads the affine parameters from cache for
+    every row instead of holding them in registers, and keeps the next row's loads in flight."""
     vec: int
     slots: int
     warp: bool
     threads: int
     per_sm: int = 1
+    stream: bool = False
 
     def grid(self, rows: int, multiprocessors: int) -> int:
         per_block = self.threads // 32 if self.warp else 1
@@ -140,35 +144,47 @@ class RowLayout:
 
 @functools.cache
 def row_layout(file: str, kernel: str, dtype: torch.dtype, cols: int, vec: int,
-               max_slots: int, device: int = 0) -> RowLayout | None:
-    """Rows of at most 32 vectors: a warp each, 8 warps per block (shuffle-only reductions). Longer
-    rows: a block each, of at most 256 threads while more slots per thread are allowed (more
-    independent loads per thread, more blocks per multiprocessor), up to 1024 at `max_slots`.
-    None when a row does not fit in registers (the caller then uses the reference path)."""
+               max_slots: int, device: int = 0, max_threads: int = 256, warp_slots: int = 1) -> RowLayout | None:
+    """Rows of at most 32 vectors: a warp each, 8 warps per block (shuffle-only reductions). Up to
+    32 * `warp_slots` vectors: a warp each still, that many slots per lane, 4 warps per block, in
+    the streamed variant (a row's registers leave no room for the affine parameters and the next
+    row's loads). Longer rows: a block each, of at most `max_threads` threads while more slots per
+    thread are allowed (more independent loads per thread, more blocks per multiprocessor), up to
+    1024 at `max_slots`. None when a row does not fit in registers (the reference path is used)."""
     nvec = cols // vec
     if nvec <= 32:
         lay = RowLayout(vec, 1, True, 256)
+    elif nvec <= 32 * warp_slots:
+        lay = RowLayout(vec, next(n for n in (2, 4, 8) if 32 * n >= nvec), True, 128, stream=True)
     else:
         for slots in (1, 2, 4, 8):
             if slots > max_slots:
                 return None
             threads = 32 * math.ceil(math.ceil(nvec / slots) / 32)
-            if threads <= 256 or (slots == max_slots and threads <= 1024):
+            if threads <= max_threads or (slots == max_slots and threads <= 1024):
                 break
         lay = RowLayout(vec, slots, False, threads)
+    return resident(file, kernel, dtype, lay, device)
+
+
+def resident(file: str, kernel: str, dtype: torch.dtype, lay: RowLayout, device: int = 0) -> RowLayout | None:
+    """The layout with `per_sm` set from the compiled kernel's registers; None when its block is
+    larger than the compiled kernel can launch."""
     compiled = _function(file, expression(kernel, dtype, lay), device)
     if lay.threads > compiled.max_threads_per_block:
         return None
     per_sm = max(1, min(2048 // lay.threads, 65536 // max(1, compiled.num_regs * lay.threads)))
-    return RowLayout(lay.vec, lay.slots, lay.warp, lay.threads, per_sm)
+    return RowLayout(lay.vec, lay.slots, lay.warp, lay.threads, per_sm, lay.stream)
 
 
-def expression(kernel: str, dtype: torch.dtype, layout: RowLayout | int) -> str:
-    """The template instantiation for a kernel, as NVRTC and nvcc both spell it."""
+def expression(kernel: str, dtype: torch.dtype, layout: RowLayout | int, *more: int | bool) -> str:
+    """The template instantiation for a kernel, as NVRTC and nvcc both spell it: a row layout, or a
+    vector width and any further parameters (ints, or bools spelled true/false)."""
     if isinstance(layout, RowLayout):
-        warp = "true" if layout.warp else "false"
-        return f"{kernel}<{CUDA_TYPE[dtype]}, {layout.vec}, {layout.slots}, {warp}>"
-    return f"{kernel}<{CUDA_TYPE[dtype]}, {layout}>"
+        flags = ", true" if layout.warp else ", false"
+        flags += ", true" if layout.stream else ""
+        return f"{kernel}<{CUDA_TYPE[dtype]}, {layout.vec}, {layout.slots}{flags}>"
+    return f"{kernel}<{', '.join([CUDA_TYPE[dtype], *(str(v).lower() for v in (layout, *more))])}>"
 
 
 @functools.cache
@@ -182,21 +198,22 @@ def multiprocessors(device: torch.device) -> int:
 
 def every_instantiation() -> dict[str, list[str]]:
     """Each source file and the instantiations the wrappers can ask of it (used by the nvcc check)."""
+    from kernels.bias_gelu import BACKWARD as backward  # bias_gelu imports this module
     out: dict[str, list[str]] = {}
     for dtype in CUDA_TYPE:
         full = 16 // torch.tensor([], dtype=dtype).element_size()
         for vec in sorted({full, 1}):
-            out.setdefault("bias_gelu.cu", []).extend(
-                expression(k, dtype, vec) for k in ("bias_gelu_fwd", "bias_gelu_bwd"))
+            out.setdefault("bias_gelu.cu", []).append(expression("bias_gelu_fwd", dtype, vec))
+            out["bias_gelu.cu"].append(expression("bias_gelu_bwd", dtype, vec, backward.rows, backward.interleaved))
             out.setdefault("cross_entropy.cu", []).extend(
                 expression(k, dtype, vec) for k in ("xent_stats", "xent_grad"))
-            layouts = [RowLayout(vec, s, True, 256) for s in (1, 2, 4)]
-            layouts += [RowLayout(vec, s, False, 0) for s in (1, 2, 4, 8)]
+            layouts = [RowLayout(vec, 1, True, 256)] + [RowLayout(vec, s, False, 0) for s in (1, 2, 4, 8)]
             for lay in layouts:
-                out.setdefault("layer_norm.cu", []).append(expression("layer_norm_fwd", dtype, lay))
-                out.setdefault("causal_softmax.cu", []).append(expression("causal_softmax_fwd", dtype, lay))
-                if lay.slots <= 4:
-                    out["layer_norm.cu"].append(expression("layer_norm_bwd", dtype, lay))
-                    out["causal_softmax.cu"].append(expression("causal_softmax_bwd", dtype, lay))
+                for k in ("layer_norm", "causal_softmax"):
+                    out.setdefault(f"{k}.cu", []).append(expression(f"{k}_fwd", dtype, lay))
+                    if lay.slots <= 4:
+                        out[f"{k}.cu"].append(expression(f"{k}_bwd", dtype, lay))
+            out["layer_norm.cu"] += [expression("layer_norm_fwd", dtype, RowLayout(vec, s, True, 128, stream=True))
+                                     for s in (2, 4)]  # row_layout's warp_slots=4 (the LayerNorm forward)
     out["minhash.cu"] = ["minhash_signatures"]  # dedup's signatures (tasks/dedup/gpu.py): integers only
     return out

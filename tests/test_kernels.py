@@ -119,7 +119,7 @@ def test_compile_check_reports_a_broken_kernel(tmp_path, monkeypatch):
     from kernels import runtime
     broken = tmp_path / "cuda"
     shutil.copytree(runtime.SOURCE_DIR, broken)
-    text = (broken / "bias_gelu.cu").read_text().replace("store_vec<T, VEC>(y + e, a);", "store_vec<T, VEC>(y + e, a)")
+    text = (broken / "bias_gelu.cu").read_text().replace("store_vec<T, VEC>(y + i * VEC, a);", "store_vec<T, VEC>(y + i * VEC, a)")
     (broken / "bias_gelu.cu").write_text(text)
     monkeypatch.setattr(runtime, "SOURCE_DIR", broken)
     monkeypatch.setattr(runtime, "every_instantiation", lambda: {"bias_gelu.cu": ["bias_gelu_fwd<float, 4>"]})

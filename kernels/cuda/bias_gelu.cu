@@ -14,52 +14,63 @@ __device__ __forceinline__ float gelu_tanh_grad(float u) {
   return s + 2.f * u * s * (1.f - s) * (0.7978845608028654f + 0.1070322243f * u * u);
 }
 
-// One thread per VEC consecutive elements, grid-stride; needs cols % VEC == 0.
+// One thread per VEC consecutive elements, grid-stride; needs cols % VEC == 0. The column advances
+// by a constant each step, so it is updated by an add and a compare, not a 64-bit division.
 template <typename T, int VEC>
 __global__ void bias_gelu_fwd(const T* __restrict__ x, const T* __restrict__ bias, T* __restrict__ y,
                               long long n_vec, int cols) {
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n_vec;
-       i += (long long)gridDim.x * blockDim.x) {
-    const long long e = i * VEC;
-    const int c = (int)(e % cols);
+  const int row_vecs = cols / VEC;
+  const long long stride = (long long)gridDim.x * blockDim.x;
+  const int col_step = (int)(stride % row_vecs);
+  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  int cv = (int)(i % row_vecs);  // this vector's column, in vectors
+  for (; i < n_vec; i += stride) {
     float a[VEC], b[VEC];
-    load_vec<T, VEC>(x + e, a);
-    load_vec<T, VEC>(bias + c, b);
+    load_vec<T, VEC>(x + i * VEC, a);
+    load_vec<T, VEC>(bias + cv * VEC, b);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) a[k] = gelu_tanh(a[k] + b[k]);
-    store_vec<T, VEC>(y + e, a);
+    store_vec<T, VEC>(y + i * VEC, a);
+    cv += col_step;
+    if (cv >= row_vecs) cv -= row_vecs;
   }
 }
 
-// grid.x tiles the columns (one thread per VEC columns), grid.y splits the rows into chunks.
-template <typename T, int VEC>
+// Backward: grid.x tiles the columns (one thread per VEC columns), grid.y splits the rows into
+// chunks, contiguous or (INTERLEAVED) every gridDim.y-th row; ROWS rows of dy and x in flight per
+// thread; each chunk's dbias partial sums its rows in order.
+template <typename T, int VEC, int ROWS, bool INTERLEAVED>
 __global__ void bias_gelu_bwd(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ bias,
                               T* __restrict__ dx, float* __restrict__ dbias_partial, long long rows, int cols) {
   const int c = (blockIdx.x * blockDim.x + threadIdx.x) * VEC;
   if (c >= cols) return;
   const long long per = (rows + gridDim.y - 1) / gridDim.y;
-  const long long r0 = blockIdx.y * per;
-  const long long r1 = r0 + per < rows ? r0 + per : rows;
+  const long long r0 = INTERLEAVED ? blockIdx.y : blockIdx.y * per;
+  const long long r1 = INTERLEAVED ? rows : (r0 + per < rows ? r0 + per : rows);
+  const long long step = INTERLEAVED ? gridDim.y : 1;  // between this chunk's consecutive rows
   float b[VEC], acc[VEC];
   load_vec<T, VEC>(bias + c, b);
 #pragma unroll
   for (int k = 0; k < VEC; ++k) acc[k] = 0.f;
-  for (long long r = r0; r < r1; r += 2) {  // two rows per step: four loads in flight per thread
-    const bool two = r + 1 < r1;
-    const long long e = r * cols + c;
-    float g[2][VEC], a[2][VEC];
-    load_vec<T, VEC>(dy + e, g[0]);
-    load_vec<T, VEC>(x + e, a[0]);
-    if (two) { load_vec<T, VEC>(dy + e + cols, g[1]); load_vec<T, VEC>(x + e + cols, a[1]); }
+  for (long long r = r0; r < r1; r += ROWS * step) {
+    float g[ROWS][VEC], a[ROWS][VEC];
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      if (j == 1 && !two) break;
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-        g[j][k] *= gelu_tanh_grad(a[j][k] + b[k]);
-        acc[k] += to_float(from_float<T>(g[j][k]));  // dbias sums the dx that is returned
+    for (int j = 0; j < ROWS; ++j) {
+      if (r + j * step < r1) {
+        load_vec<T, VEC>(dy + (r + j * step) * cols + c, g[j]);
+        load_vec<T, VEC>(x + (r + j * step) * cols + c, a[j]);
       }
-      store_vec<T, VEC>(dx + e + j * cols, g[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < ROWS; ++j) {
+      if (r + j * step < r1) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          g[j][k] *= gelu_tanh_grad(a[j][k] + b[k]);
+          acc[k] += to_float(from_float<T>(g[j][k]));  // dbias sums the dx that is returned
+        }
+        store_vec<T, VEC>(dx + (r + j * step) * cols + c, g[j]);
+      }
     }
   }
   float* out = dbias_partial + blockIdx.y * (long long)cols + c;
