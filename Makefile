@@ -74,9 +74,10 @@ bench: install
 
 ## On a machine with a CUDA GPU and CuPy, every check that needs one, each logged into GPU_LOGS: the fused
 ## kernels against their references, the kernel benchmark with the ~350M step (eager and torch.compile),
-## and the MinHash kernel against the CPU signatures. It needs no venv: `make gpu-check PY=python3` runs
-## with a system python that has torch, CuPy and pydantic (the step imports trainer/), and stops at once
-## where there is no GPU rather than report the skipped tests as passed.
+## the MinHash kernel against the CPU signatures, and the launch-shape sweep (the table the kernels'
+## defaults were chosen from). It needs no venv: `make gpu-check PY=python3` runs with a system python
+## that has torch, CuPy, pydantic (the step imports trainer/) and zlib-ng (the MinHash check imports the
+## pipeline), and stops at once where there is no GPU rather than report the skipped tests as passed.
 GPU_LOGS ?= gpu-logs
 gpu-check:
 	@$(PY) -c "import sys, kernels; sys.exit(0 if kernels.fused_available() else 'gpu-check: no CUDA GPU with CuPy here')"
@@ -88,6 +89,8 @@ gpu-check:
 	tail -n 25 "$(GPU_LOGS)/kernels.log"; \
 	$(PY) -m tasks.dedup.gpu > "$(GPU_LOGS)/dedup_gpu.log" 2>&1 || status=1; \
 	tail -n 3 "$(GPU_LOGS)/dedup_gpu.log"; \
+	$(PY) -m benchmarks.kernel_sweep --json "$(GPU_LOGS)/sweep.json" > "$(GPU_LOGS)/sweep.log" 2>&1 || status=1; \
+	tail -n 25 "$(GPU_LOGS)/sweep.log"; \
 	exit $$status
 
 clean:

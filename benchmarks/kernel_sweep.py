@@ -25,7 +25,9 @@ from benchmarks.kernels import direction_fns, peak_bandwidth, timed
 from kernels import reference, runtime
 from kernels.bias_gelu import BACKWARD, FusedBiasGelu, Tiling
 from kernels.causal_softmax import FusedCausalSoftmax
+from kernels.causal_softmax import layouts as softmax_layouts
 from kernels.layer_norm import FusedLayerNorm
+from kernels.layer_norm import layouts as layer_norm_layouts
 
 UNCAPPED = 1 << 20  # blocks per multiprocessor: no cap, one grid-stride step (rows / rows per block)
 
@@ -85,7 +87,7 @@ def cases(dtype):
     gelu += [("bwd", t, (lambda t: lambda a, c: FusedBiasGelu.apply(a, c, t))(t)) for t in gelu_bwd]
 
     f, vec = "layer_norm.cu", runtime.vector_width(h, x, w, b)
-    ln_now = (runtime.row_layout(f, "layer_norm_fwd", dtype, h, vec, 8), runtime.row_layout(f, "layer_norm_bwd", dtype, h, vec, 4))
+    ln_now = layer_norm_layouts(x, w, b)
     ln_fwd = [("block", 1, 128, None, False), ("warp", 4, 128, None, True), ("warp", 4, 256, None, True),
               ("warp", 4, 128, None, False)]
     ln_bwd = [("block", 1, 128, None, False), ("block", 2, 64, None, False), ("block", 1, 128, 4, False)]
@@ -95,8 +97,7 @@ def cases(dtype):
             ln.append((direction, kernel, vec, slots, kind == "warp", threads, per_sm, stream))
 
     f2, vec2 = "causal_softmax.cu", runtime.vector_width(sq, scores)
-    sm_now = (runtime.row_layout(f2, "causal_softmax_fwd", dtype, sq, vec2, 8),
-              runtime.row_layout(f2, "causal_softmax_bwd", dtype, sq, vec2, 4))
+    sm_now = softmax_layouts(scores)
     sm_fwd = [("block", 2, 128, None), ("block", 4, 64, None)]
     sm_bwd = [("block", 1, 256, None)]
     sm = [("fwd", "causal_softmax_fwd", vec2, sl, k == "warp", t, p, False) for k, sl, t, p in sm_fwd]
@@ -131,7 +132,8 @@ def sweep(dtype, reps: int, peak: float, compiled: list[str]) -> list[dict]:
         dy = torch.randn_like(eager(*inputs))
         eager_ms = [timed(fn, reps, queued=True) for fn in direction_fns(eager, inputs, dy)]
         if name in compiled:  # torch.compile of the reference, timed as a variant (what Triton reaches)
-            torch._functorch.config.donated_buffer = False  # its backward is replayed (retain_graph)
+            import torch._functorch.config as functorch_config
+            functorch_config.donated_buffer = False  # its backward is replayed (retain_graph)
             fn = torch.compile(eager, dynamic=False)
             variants = [("fwd", "torch.compile", fn), ("bwd", "torch.compile", fn)] + variants
         for direction, lay, fn in variants:

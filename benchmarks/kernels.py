@@ -124,7 +124,8 @@ def bench_kernels(dtype, reps: int, peak: float, use_compile: bool) -> list[dict
         if use_compile:
             # the backward is replayed from one retained graph, which a compiled backward that donates
             # its saved buffers refuses (torch >= 2.6: "compiled with non-empty donated buffers")
-            torch._functorch.config.donated_buffer = False
+            import torch._functorch.config as functorch_config
+            functorch_config.donated_buffer = False
             variants["compile"] = torch.compile(ref, dynamic=False)
         times = {}
         for label, fn in variants.items():

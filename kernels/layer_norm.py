@@ -43,16 +43,24 @@ class FusedLayerNorm(torch.autograd.Function):
         return dx, sums[0].view_as(weight), sums[1].view_as(weight), None, None, None
 
 
+def layouts(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor):
+    """(forward, backward) row layouts of the fused path for these tensors, or None where it does not
+    apply (dtype, device, a row too long for registers)."""
+    cols = x.shape[-1]
+    if weight.numel() != cols or not runtime.supports(x, weight, bias):
+        return None
+    vec = runtime.vector_width(cols, x, weight, bias)
+    # rows of up to 128 vectors a warp each (1024 bf16 features: 0.79 of peak bandwidth on the H100,
+    # a block of 128 threads 0.72: the block's barriers); the backward's registers allow no such layout
+    fwd = runtime.row_layout(FILE, "layer_norm_fwd", x.dtype, cols, vec, 8, x.device.index, warp_slots=4)
+    bwd = runtime.row_layout(FILE, "layer_norm_bwd", x.dtype, cols, vec, 4, x.device.index)
+    return (fwd, bwd) if fwd and bwd else None
+
+
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5,
                fused: bool = True) -> torch.Tensor:
     """LayerNorm over the last dimension; the fused path when x, weight and bias share a CUDA float dtype."""
-    cols = x.shape[-1]
-    if fused and weight.numel() == cols and runtime.supports(x, weight, bias):
-        vec = runtime.vector_width(cols, x, weight, bias)
-        # rows of up to 128 vectors a warp each (1024 bf16 features: 0.79 of peak bandwidth on the H100,
-        # a block of 128 threads 0.71: the block's barriers); the backward's registers allow no such layout
-        fwd = runtime.row_layout(FILE, "layer_norm_fwd", x.dtype, cols, vec, 8, x.device.index, warp_slots=4)
-        bwd = runtime.row_layout(FILE, "layer_norm_bwd", x.dtype, cols, vec, 4, x.device.index)
-        if fwd and bwd:
-            return FusedLayerNorm.apply(x, weight, bias, eps, fwd, bwd)
+    lay = layouts(x, weight, bias) if fused else None
+    if lay:
+        return FusedLayerNorm.apply(x, weight, bias, eps, *lay)
     return reference.layer_norm(x, weight, bias, eps)
