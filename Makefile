@@ -76,8 +76,8 @@ bench: install
 ## kernels against their references, the kernel benchmark with the ~350M step (eager and torch.compile),
 ## the MinHash kernel against the CPU signatures, and the launch-shape sweep (the table the kernels'
 ## defaults were chosen from). It needs no venv: `make gpu-check PY=python3` runs with a system python
-## that has torch, CuPy, pydantic (the step imports trainer/) and zlib-ng (the MinHash check imports the
-## pipeline), and stops at once where there is no GPU rather than report the skipped tests as passed.
+## that has torch, CuPy and pydantic (the step imports trainer/), and stops at once where there is no
+## GPU rather than report the skipped tests as passed.
 GPU_LOGS ?= gpu-logs
 gpu-check:
 	@$(PY) -c "import sys, kernels; sys.exit(0 if kernels.fused_available() else 'gpu-check: no CUDA GPU with CuPy here')"

@@ -5,7 +5,6 @@ Each (kernel, dtype, vector width, row layout) instantiation is its own small Ra
 lazily by NVRTC and kept in CuPy's on-disk cache, so a process compiles only what it launches."""
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from dataclasses import dataclass

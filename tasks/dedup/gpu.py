@@ -47,7 +47,7 @@ def _benchmark(docs: int = 20_000) -> None:
     import time
 
     from tasks.dedup.fused import sign_words
-    from benchmarks.dedup import corpus
+    from benchmarks.dedup_corpus import corpus
 
     texts = [d["text"] for d in corpus(docs, 500, 1)[0]]
     t0 = time.perf_counter()
