@@ -111,6 +111,8 @@ def cases(dtype):
             except Exception as e:  # noqa: BLE001 - reported in the table
                 out.append((direction, f"{'warp' if warp else 'block'} s{slots} t{threads}", e))
                 continue
+            if any(d == direction and other == lay for d, other, _ in out):
+                continue  # a spec that comes out the same as an earlier one (a cap above the registers' limit)
             fwd, bwd = (lay, now[1]) if direction == "fwd" else (now[0], lay)
             out.append((direction, lay, make(fwd, bwd)))
         return out

@@ -150,11 +150,13 @@ def row_layout(file: str, kernel: str, dtype: torch.dtype, cols: int, vec: int,
     row's loads). Longer rows: a block each, of at most `max_threads` threads while more slots per
     thread are allowed (more independent loads per thread, more blocks per multiprocessor), up to
     1024 at `max_slots`. None when a row does not fit in registers (the reference path is used)."""
+    if warp_slots not in (1, 2, 4):  # the streamed warp layouts every_instantiation lists for the nvcc check
+        raise ValueError(f"warp_slots must be 1, 2 or 4, not {warp_slots}")
     nvec = cols // vec
     if nvec <= 32:
         lay = RowLayout(vec, 1, True, 256)
     elif nvec <= 32 * warp_slots:
-        lay = RowLayout(vec, next(n for n in (2, 4, 8) if 32 * n >= nvec), True, 128, stream=True)
+        lay = RowLayout(vec, 2 if nvec <= 64 else 4, True, 128, stream=True)
     else:
         for slots in (1, 2, 4, 8):
             if slots > max_slots:

@@ -125,3 +125,37 @@ def test_compile_check_reports_a_broken_kernel(tmp_path, monkeypatch):
     monkeypatch.setattr(runtime, "every_instantiation", lambda: {"bias_gelu.cu": ["bias_gelu_fwd<float, 4>"]})
     failures = compile_check.compile_all(("sm_80",))
     assert list(failures) == [("bias_gelu.cu", "sm_80")] and "error" in failures[("bias_gelu.cu", "sm_80")]
+
+
+def test_every_layout_the_wrappers_can_launch_is_in_the_nvcc_check(monkeypatch):
+    """The launch policy (layouts() in kernels/layer_norm.py and kernels/causal_softmax.py) and the list the
+    nvcc check compiles (runtime.every_instantiation) are written apart; a layout the policy can pick
+    that the list lacks would reach users uncompiled by CI. Row widths from 1 to 2100 elements, every
+    dtype, and the wide rows of real models; compilation is skipped (no GPU needed)."""
+    from kernels import runtime
+    from kernels.causal_softmax import layouts as softmax_layouts
+    from kernels.layer_norm import layouts as layer_norm_layouts
+    monkeypatch.setattr(runtime, "supports", lambda *tensors: True)
+    monkeypatch.setattr(runtime, "resident", lambda file, kernel, dtype, lay, device=0: lay)
+    runtime.row_layout.cache_clear()  # no fake layout may outlive this test (GPU runs share the process)
+    try:
+        listed = runtime.every_instantiation()
+        missing = set()
+        for dtype in runtime.CUDA_TYPE:
+            for cols in [*range(1, 2101), 4095, 4096, 8191, 8192, 12288, 16384, 20480, 32768]:
+                x = torch.empty(1, cols, dtype=dtype)
+                picks = [("layer_norm.cu", ("layer_norm_fwd", "layer_norm_bwd"), layer_norm_layouts(x, x[0], x[0])),
+                         ("causal_softmax.cu", ("causal_softmax_fwd", "causal_softmax_bwd"), softmax_layouts(x))]
+                for file, names, lay in picks:
+                    for name, one in zip(names, lay or ()):
+                        if runtime.expression(name, dtype, one) not in listed[file]:
+                            missing.add(runtime.expression(name, dtype, one))
+        assert not missing, f"launchable but not compiled by the nvcc check: {sorted(missing)[:5]}"
+    finally:
+        runtime.row_layout.cache_clear()
+
+
+def test_row_layout_refuses_warp_slots_the_nvcc_check_does_not_list():
+    from kernels import runtime
+    with pytest.raises(ValueError, match="warp_slots must be 1, 2 or 4"):
+        runtime.row_layout("layer_norm.cu", "layer_norm_fwd", torch.float32, 1024, 4, 8, 0, warp_slots=8)
