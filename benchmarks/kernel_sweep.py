@@ -72,7 +72,8 @@ def check(fn, ref, inputs, dy) -> float:
 
 
 def cases(dtype):
-    """(kernel, inputs, eager, [(direction, label, fused fn maker, layout)], fwd bytes, bwd bytes)."""
+    """Per kernel: (name, inputs, eager reference, [(direction, launch shape or its label, fused fn or
+    the error that building it raised)], the default (forward, backward) shapes, fwd bytes, bwd bytes)."""
     s = torch.tensor([], dtype=dtype).element_size()
     n, h = 8 * 2048, 1024
     x4, b4 = torch.randn(n, 4 * h, device="cuda", dtype=dtype), torch.randn(4 * h, device="cuda", dtype=dtype)
