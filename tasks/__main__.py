@@ -6,12 +6,19 @@ the traceback only under --verbose) and an exit status: 2 bad configuration or i
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import re
 import sys
-import traceback
+
+# Run from inside tasks/ itself, `python -m` puts this folder first on sys.path, and tasks/tokenize
+# then stands in for Python's tokenize (which traceback imports below): every stage failed with
+# "module 'tokenize' has no attribute 'tokenize'". The package is found through its parent.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+
+import argparse  # noqa: E402 - after the sys.path repair above
+import json  # noqa: E402
+import re  # noqa: E402
+import traceback  # noqa: E402
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 

@@ -100,6 +100,17 @@ def test_a_command_naming_a_projects_params_from_elsewhere_runs_in_that_project(
     assert "(out/download/stats.json missing)" in out.stderr and (elsewhere / "sub" / "out").is_dir()
 
 
+def test_a_stage_run_from_inside_the_tasks_folder_finds_pythons_tokenize(tmp_path):
+    """From inside tasks/, `python -m tasks` had tasks/tokenize stand in for Python's tokenize: every
+    stage failed with "module 'tokenize' has no attribute 'tokenize'" (an operator drill)."""
+    params = tmp_path / "p.yaml"
+    params.write_text(f"paths:\n  data_dir: {tmp_path / 'data'}\n")
+    out = subprocess.run([sys.executable, "-m", "tasks", "filter", "--params", str(params)], cwd=REPO / "tasks",
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 4 and "tokenize" not in out.stderr, out.stderr
+    assert out.stderr.startswith("unfinished input: stage 'filter' needs stage 'extract' completed"), out.stderr
+
+
 def test_yaml_errors_say_where_the_construct_began_and_checks_read_without_pydantics_prefix(tmp_path):
     """PyYAML marks where it noticed a problem, often lines after the one to fix (an operator drill read
     'line 99' for a quote left open on line 98); a section's own check read 'evaluate: Value error, ...'."""
