@@ -21,7 +21,7 @@ import sys
 import torch
 
 import kernels
-from benchmarks.kernels import direction_fns, peak_bandwidth, timed
+from benchmarks.kernels import compiled_for_replay, direction_fns, peak_bandwidth, timed
 from kernels import reference, runtime
 from kernels.bias_gelu import BACKWARD, FusedBiasGelu, Tiling
 from kernels.causal_softmax import FusedCausalSoftmax
@@ -135,9 +135,7 @@ def sweep(dtype, reps: int, peak: float, compiled: list[str]) -> list[dict]:
         dy = torch.randn_like(eager(*inputs))
         eager_ms = [timed(fn, reps, queued=True) for fn in direction_fns(eager, inputs, dy)]
         if name in compiled:  # torch.compile of the reference, timed as a variant (what Triton reaches)
-            import torch._functorch.config as functorch_config
-            functorch_config.donated_buffer = False  # its backward is replayed (retain_graph)
-            fn = torch.compile(eager, dynamic=False)
+            fn = compiled_for_replay(eager)
             variants = [("fwd", "torch.compile", fn), ("bwd", "torch.compile", fn)] + variants
         for direction, lay, fn in variants:
             i = 0 if direction == "fwd" else 1

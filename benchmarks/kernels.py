@@ -87,6 +87,15 @@ def peak_bandwidth(reps: int) -> float:
     return 2 * x.numel() / ms / 1e6  # GB/s
 
 
+def compiled_for_replay(fn):
+    """torch.compile of a reference whose backward direction_fns replays from one retained graph, which a
+    compiled backward that donates its saved buffers refuses (torch >= 2.6: "compiled with non-empty
+    donated buffers"): donation off."""
+    import torch._functorch.config as functorch_config
+    functorch_config.donated_buffer = False
+    return torch.compile(fn, dynamic=False)
+
+
 def direction_fns(fn, inputs, dy):
     """(forward, backward) callables; backward replays the retained graph of one forward."""
     leaves = [t.detach().clone().requires_grad_(t.is_floating_point()) for t in inputs]
@@ -122,11 +131,7 @@ def bench_kernels(dtype, reps: int, peak: float, use_compile: bool) -> list[dict
         dy = torch.randn_like(ref(*inputs))
         variants = {"fused": fused, "eager": ref}
         if use_compile:
-            # the backward is replayed from one retained graph, which a compiled backward that donates
-            # its saved buffers refuses (torch >= 2.6: "compiled with non-empty donated buffers")
-            import torch._functorch.config as functorch_config
-            functorch_config.donated_buffer = False
-            variants["compile"] = torch.compile(ref, dynamic=False)
+            variants["compile"] = compiled_for_replay(ref)
         times = {}
         for label, fn in variants.items():
             fwd, bwd = direction_fns(fn, inputs, dy)

@@ -181,10 +181,8 @@ def resident(file: str, kernel: str, dtype: torch.dtype, lay: RowLayout, device:
 def expression(kernel: str, dtype: torch.dtype, layout: RowLayout | int, *more: int | bool) -> str:
     """The template instantiation for a kernel, as NVRTC and nvcc both spell it: a row layout, or a
     vector width and any further parameters (ints, or bools spelled true/false)."""
-    if isinstance(layout, RowLayout):
-        flags = ", true" if layout.warp else ", false"
-        flags += ", true" if layout.stream else ""
-        return f"{kernel}<{CUDA_TYPE[dtype]}, {layout.vec}, {layout.slots}{flags}>"
+    if isinstance(layout, RowLayout):  # the streamed variant's flag only where it is set (a default elsewhere)
+        return expression(kernel, dtype, layout.vec, layout.slots, layout.warp, *([True] if layout.stream else []))
     return f"{kernel}<{', '.join([CUDA_TYPE[dtype], *(str(v).lower() for v in (layout, *more))])}>"
 
 
