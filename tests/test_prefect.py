@@ -33,6 +33,13 @@ def api(env: dict, path: str, body: dict | None = None):
     return json.loads(urllib.request.urlopen(req, timeout=30).read())
 
 
+def run_logs(env: dict, flow_run: dict) -> str:
+    """A flow run's state message and its last log lines: what a failed run's assertion shows."""
+    logs = api(env, "/logs/filter", {"logs": {"flow_run_id": {"any_": [flow_run["id"]]}}, "sort": "TIMESTAMP_ASC"})
+    lines = [f"{entry['level']} {entry['message']}" for entry in logs][-40:]
+    return "\n".join([f"state: {flow_run['state_type']}: {(flow_run.get('state') or {}).get('message')}", *lines])
+
+
 def run(cmd: list[str], cwd: Path, env: dict, timeout: int = 600) -> str:
     out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
@@ -103,8 +110,8 @@ def test_deployment_triggered_like_the_ui(server, tmp_path):
                'stages=["sample", "download", "extract"]'], repo, server)
     run_id = re.search(r"UUID: ([0-9a-f-]{36})", out).group(1)
     run([prefect, "worker", "start", "--pool", "local-process", "--run-once"], repo, server)
-    state = api(server, f"/flow_runs/{run_id}")["state_type"]
-    assert state == "COMPLETED"
+    flow_run = api(server, f"/flow_runs/{run_id}")
+    assert flow_run["state_type"] == "COMPLETED", run_logs(server, flow_run)
     assert (repo / "data/extract/stats.json").is_file() and not (repo / "data/filter").exists()
 
 
