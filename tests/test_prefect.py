@@ -34,9 +34,12 @@ def api(env: dict, path: str, body: dict | None = None):
 
 
 def run_logs(env: dict, flow_run: dict) -> str:
-    """A flow run's state message and its last log lines: what a failed run's assertion shows."""
-    logs = api(env, "/logs/filter", {"logs": {"flow_run_id": {"any_": [flow_run["id"]]}}, "sort": "TIMESTAMP_ASC"})
-    lines = [f"{entry['level']} {entry['message']}" for entry in logs][-40:]
+    """A flow run's state message and the last log lines of it and its stages' runs: what a failed run's
+    assertion shows (the cause is logged in the stage's own run)."""
+    ids = [flow_run["id"]] + [r["id"] for r in api(env, "/flow_runs/filter", {
+        "flow_runs": {"parent_flow_run_id": {"any_": [flow_run["id"]]}}})]
+    logs = api(env, "/logs/filter", {"logs": {"flow_run_id": {"any_": ids}}, "sort": "TIMESTAMP_ASC"})
+    lines = [f"{entry['level']} {entry['message']}" for entry in logs][-60:]
     return "\n".join([f"state: {flow_run['state_type']}: {(flow_run.get('state') or {}).get('message')}", *lines])
 
 
@@ -112,6 +115,7 @@ def test_deployment_triggered_like_the_ui(server, tmp_path):
     run([prefect, "worker", "start", "--pool", "local-process", "--run-once"], repo, server)
     flow_run = api(server, f"/flow_runs/{run_id}")
     assert flow_run["state_type"] == "COMPLETED", run_logs(server, flow_run)
+    assert "recorded in dvc.lock: sample, download, extract" in run_logs(server, flow_run)
     assert (repo / "data/extract/stats.json").is_file() and not (repo / "data/filter").exists()
 
 
