@@ -112,9 +112,9 @@ def test_deployment_triggered_like_the_ui(server, tmp_path):
     out = run([prefect, "deployment", "run", "pretraining-pipeline/sample", "--param",
                'stages=["sample", "download", "extract"]'], repo, server)
     run_id = re.search(r"UUID: ([0-9a-f-]{36})", out).group(1)
-    run([prefect, "worker", "start", "--pool", "local-process", "--run-once"], repo, server)
+    worker = run([prefect, "worker", "start", "--pool", "local-process", "--run-once"], repo, server)
     flow_run = api(server, f"/flow_runs/{run_id}")
-    assert flow_run["state_type"] == "COMPLETED", run_logs(server, flow_run)
+    assert flow_run["state_type"] == "COMPLETED", run_logs(server, flow_run) + "\nworker:\n" + worker[-3000:]
     assert "recorded in dvc.lock: sample, download, extract" in run_logs(server, flow_run)
     assert (repo / "data/extract/stats.json").is_file() and not (repo / "data/filter").exists()
 
