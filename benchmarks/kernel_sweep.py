@@ -4,7 +4,8 @@
 
 At the sizes of `benchmarks.kernels` (the ~350M model at 8 x 2048 tokens, bf16), each kernel runs
 under several launch shapes: row layouts (a warp or a block per row, vectors per thread, block size,
-blocks per multiprocessor, LayerNorm's streamed variant) for LayerNorm and the causal softmax; rows
+blocks per multiprocessor, LayerNorm's streamed forward, its backward's rows per iteration, shared
+memory accumulators and register caps) for LayerNorm and the causal softmax; rows
 in flight, row chunks and their order for the bias + GeLU backward. Each shape is first
 checked against the float64 reference (relative error of the output and of every gradient; bf16
 passes at <= 1e-2), then timed as `benchmarks.kernels` times (median of CUDA-event-timed repeats with
@@ -32,11 +33,23 @@ from kernels.layer_norm import layouts as layer_norm_layouts
 UNCAPPED = 1 << 20  # blocks per multiprocessor: no cap, one grid-stride step (rows / rows per block)
 
 
+# The LayerNorm backward's shapes beside the default, as (kind, slots, threads, blocks per SM cap,
+# RowLayout's variant fields): fewer threads with more slots, a cap on resident blocks, two rows per
+# iteration, dgamma/dbeta accumulated in shared memory, and register caps that buy resident blocks.
+# Each (slots, rows, shared_acc) is in runtime.BACKWARD_VARIANTS, which the nvcc check compiles.
+LN_BWD = [("block", 1, 128, None, {}), ("block", 2, 64, None, {}), ("block", 1, 128, 4, {}),
+          ("block", 1, 128, None, {"rows": 2}), ("block", 1, 128, None, {"rows": 2, "shared_acc": True}),
+          ("block", 1, 128, None, {"shared_acc": True, "max_regs": 48}),
+          ("block", 1, 128, None, {"shared_acc": True, "max_regs": 40}),
+          ("block", 1, 128, None, {"rows": 2, "shared_acc": True, "max_regs": 64}),
+          ("block", 2, 64, None, {"rows": 2, "shared_acc": True, "max_regs": 128})]
+
+
 def shape(file: str, kernel: str, dtype, vec: int, slots: int, warp: bool, threads: int, per_sm: int | None = None,
-          stream: bool = False):
+          **variant):
     """A row layout with blocks per multiprocessor from the compiled kernel's registers, or `per_sm`
-    when given below that (UNCAPPED: a block per row group)."""
-    lay = runtime.resident(file, kernel, dtype, runtime.RowLayout(vec, slots, warp, threads, stream=stream))
+    when given below that (UNCAPPED: a block per row group); `variant`: RowLayout's other fields."""
+    lay = runtime.resident(file, kernel, dtype, runtime.RowLayout(vec, slots, warp, threads, **variant))
     if lay is None:
         raise RuntimeError(f"{threads} threads exceed what {kernel} can launch")
     if per_sm == UNCAPPED or (per_sm is not None and per_sm < lay.per_sm):
@@ -49,7 +62,9 @@ def describe(lay) -> str:
         return "rows {rows} t{threads} {threads_per_sm}/SM".format(**dataclasses.asdict(lay)) + (
             " interleaved" if lay.interleaved else "")
     per = "uncapped" if lay.per_sm == UNCAPPED else f"{lay.per_sm}/SM"
-    return f"{'warp' if lay.warp else 'block'} s{lay.slots} t{lay.threads} {per}" + (" stream" if lay.stream else "")
+    return f"{'warp' if lay.warp else 'block'} s{lay.slots} t{lay.threads} {per}" + (" stream" if lay.stream else "") + (
+        f" r{lay.rows}" if lay.rows > 1 else "") + (" smem-acc" if lay.shared_acc else "") + (
+        f" regs{lay.max_regs}" if lay.max_regs else "")
 
 
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -89,26 +104,25 @@ def cases(dtype):
 
     f, vec = "layer_norm.cu", runtime.vector_width(h, x, w, b)
     ln_now = layer_norm_layouts(x, w, b)
-    ln_fwd = [("block", 1, 128, None, False), ("warp", 4, 128, None, True), ("warp", 4, 256, None, True),
-              ("warp", 4, 128, None, False)]
-    ln_bwd = [("block", 1, 128, None, False), ("block", 2, 64, None, False), ("block", 1, 128, 4, False)]
+    ln_fwd = [("block", 1, 128, None, {}), ("warp", 4, 128, None, {"stream": True}),
+              ("warp", 4, 256, None, {"stream": True}), ("warp", 4, 128, None, {})]
     ln = []
-    for direction, kernel, specs in (("fwd", "layer_norm_fwd", ln_fwd), ("bwd", "layer_norm_bwd", ln_bwd)):
-        for kind, slots, threads, per_sm, stream in specs:
-            ln.append((direction, kernel, vec, slots, kind == "warp", threads, per_sm, stream))
+    for direction, kernel, specs in (("fwd", "layer_norm_fwd", ln_fwd), ("bwd", "layer_norm_bwd", LN_BWD)):
+        for kind, slots, threads, per_sm, variant in specs:
+            ln.append((direction, kernel, vec, slots, kind == "warp", threads, per_sm, variant))
 
     f2, vec2 = "causal_softmax.cu", runtime.vector_width(sq, scores)
     sm_now = softmax_layouts(scores)
     sm_fwd = [("block", 2, 128, None), ("block", 4, 64, None)]
     sm_bwd = [("block", 1, 256, None)]
-    sm = [("fwd", "causal_softmax_fwd", vec2, sl, k == "warp", t, p, False) for k, sl, t, p in sm_fwd]
-    sm += [("bwd", "causal_softmax_bwd", vec2, sl, k == "warp", t, p, False) for k, sl, t, p in sm_bwd]
+    sm = [("fwd", "causal_softmax_fwd", vec2, sl, k == "warp", t, p, {}) for k, sl, t, p in sm_fwd]
+    sm += [("bwd", "causal_softmax_bwd", vec2, sl, k == "warp", t, p, {}) for k, sl, t, p in sm_bwd]
 
     def row_variants(file, now, specs, make):
         out = []
-        for direction, kernel, v, slots, warp, threads, per_sm, stream in specs:
+        for direction, kernel, v, slots, warp, threads, per_sm, variant in specs:
             try:
-                lay = shape(file, kernel, dtype, v, slots, warp, threads, per_sm, stream)
+                lay = shape(file, kernel, dtype, v, slots, warp, threads, per_sm, **variant)
             except Exception as e:  # noqa: BLE001 - reported in the table
                 out.append((direction, f"{'warp' if warp else 'block'} s{slots} t{threads}", e))
                 continue

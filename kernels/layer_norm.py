@@ -36,9 +36,10 @@ class FusedLayerNorm(torch.autograd.Function):
         dx = torch.empty_like(x)
         blocks = lay.grid(rows, runtime.multiprocessors(x.device))
         parts = torch.empty(2, blocks, cols, dtype=torch.float32, device=x.device)
-        shared = 2 * cols * 4 if lay.warp else 0
+        shared = 4 * (2 * cols if lay.warp else 2 * lay.slots * lay.vec * lay.threads if lay.shared_acc else 0)
         runtime.launch(FILE, runtime.expression("layer_norm_bwd", x.dtype, lay), (blocks,), (lay.threads,),
-                       (dy, x, weight, mean, rstd, dx, parts[0], parts[1], runtime.i64(rows), runtime.i32(cols)), shared_mem=shared)
+                       (dy, x, weight, mean, rstd, dx, parts[0], parts[1], runtime.i64(rows), runtime.i32(cols)), shared_mem=shared,
+                       max_regs=lay.max_regs)
         sums = parts.sum(1).to(weight.dtype)
         return dx, sums[0].view_as(weight), sums[1].view_as(weight), None, None, None
 

@@ -5,6 +5,7 @@ Each (kernel, dtype, vector width, row layout) instantiation is its own small Ra
 lazily by NVRTC and kept in CuPy's on-disk cache, so a process compiles only what it launches."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -44,11 +45,13 @@ def supports(*tensors: torch.Tensor) -> bool:
 
 
 @functools.cache
-def _function(file: str, expression: str, device: int = 0):
-    """The compiled kernel (a cupy.RawKernel), once per process and device."""
+def _function(file: str, expression: str, device: int = 0, max_regs: int = 0):
+    """The compiled kernel (a cupy.RawKernel), once per process and device; `max_regs`: NVRTC's
+    register cap per thread (0: none), for launch-shape variants that trade registers for blocks."""
     import cupy
+    options = NVRTC_OPTIONS + ((f"--maxrregcount={max_regs}",) if max_regs else ())
     with cupy.cuda.Device(device):
-        module = cupy.RawModule(code=source(file), options=NVRTC_OPTIONS, name_expressions=[expression])
+        module = cupy.RawModule(code=source(file), options=options, name_expressions=[expression])
         kernel = module.get_function(expression)
         kernel.kernel  # load it onto the device now, not inside the first (possibly captured) launch
     return kernel
@@ -87,7 +90,7 @@ def f32(v) -> np.float32:
     return np.float32(v)
 
 
-def launch(file: str, expression: str, grid, block, args, shared_mem: int = 0) -> None:
+def launch(file: str, expression: str, grid, block, args, shared_mem: int = 0, max_regs: int = 0) -> None:
     """Run one kernel on torch's current stream of the first tensor argument's device (CuPy loads a
     kernel for the current CUDA device, so a tensor on another GPU switches to it for the launch)."""
     import cupy
@@ -95,10 +98,10 @@ def launch(file: str, expression: str, grid, block, args, shared_mem: int = 0) -
     stream = _stream(torch.cuda.current_stream(device).cuda_stream, device)
     call = (tuple(grid), tuple(block), tuple(_arg(a) for a in args), shared_mem, stream)
     if cupy.cuda.runtime.getDevice() == device:
-        _function(file, expression, device).kernel(*call)
+        _function(file, expression, device, max_regs).kernel(*call)
     else:
         with cupy.cuda.Device(device):
-            _function(file, expression, device).kernel(*call)
+            _function(file, expression, device, max_regs).kernel(*call)
 
 
 def as_cupy(t: torch.Tensor):
@@ -128,16 +131,22 @@ class RowLayout:
     (`warp`, several rows per block) or one block of `threads` per row. `per_sm`: blocks resident per
     multiprocessor (from the compiled kernel's registers); launches are one such wave, grid-striding.
     `stream` (the LayerNorm forward): its variant that reads the affine parameters from cache for
-    every row instead of holding them in registers, and keeps the next row's loads in flight."""
+    every row instead of holding them in registers, and keeps the next row's loads in flight.
+    `rows` and `shared_acc` (the LayerNorm backward, block layout): rows per iteration, and its
+    dgamma/dbeta accumulators in shared memory rather than registers. `max_regs`: a register cap
+    for the compiler (0: none), which buys resident blocks."""
     vec: int
     slots: int
     warp: bool
     threads: int
     per_sm: int = 1
     stream: bool = False
+    rows: int = 1
+    shared_acc: bool = False
+    max_regs: int = 0
 
     def grid(self, rows: int, multiprocessors: int) -> int:
-        per_block = self.threads // 32 if self.warp else 1
+        per_block = (self.threads // 32 if self.warp else 1) * self.rows
         return max(1, min(math.ceil(rows / per_block), multiprocessors * self.per_sm))
 
 
@@ -171,18 +180,21 @@ def row_layout(file: str, kernel: str, dtype: torch.dtype, cols: int, vec: int,
 def resident(file: str, kernel: str, dtype: torch.dtype, lay: RowLayout, device: int = 0) -> RowLayout | None:
     """The layout with `per_sm` set from the compiled kernel's registers; None when its block is
     larger than the compiled kernel can launch."""
-    compiled = _function(file, expression(kernel, dtype, lay), device)
+    compiled = _function(file, expression(kernel, dtype, lay), device, lay.max_regs)
     if lay.threads > compiled.max_threads_per_block:
         return None
     per_sm = max(1, min(2048 // lay.threads, 65536 // max(1, compiled.num_regs * lay.threads)))
-    return RowLayout(lay.vec, lay.slots, lay.warp, lay.threads, per_sm, lay.stream)
+    return dataclasses.replace(lay, per_sm=per_sm)
 
 
 def expression(kernel: str, dtype: torch.dtype, layout: RowLayout | int, *more: int | bool) -> str:
     """The template instantiation for a kernel, as NVRTC and nvcc both spell it: a row layout, or a
     vector width and any further parameters (ints, or bools spelled true/false)."""
-    if isinstance(layout, RowLayout):  # the streamed variant's flag only where it is set (a default elsewhere)
-        return expression(kernel, dtype, layout.vec, layout.slots, layout.warp, *([True] if layout.stream else []))
+    if isinstance(layout, RowLayout):  # the variants' parameters only where set (defaults elsewhere)
+        if layout.stream and (layout.rows > 1 or layout.shared_acc):
+            raise ValueError("a row layout is either streamed (forward) or of several rows / shared accumulators (backward)")
+        more = [True] if layout.stream else [layout.rows, layout.shared_acc] if layout.rows > 1 or layout.shared_acc else []
+        return expression(kernel, dtype, layout.vec, layout.slots, layout.warp, *more)
     return f"{kernel}<{', '.join([CUDA_TYPE[dtype], *(str(v).lower() for v in (layout, *more))])}>"
 
 
@@ -195,8 +207,14 @@ def multiprocessors(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
+# (slots, rows, shared accumulators) of the LayerNorm backward variants benchmarks/kernel_sweep.py
+# measures beside the wrappers' choice (compiled by the nvcc check like the layouts the wrappers pick)
+BACKWARD_VARIANTS = ((1, 2, False), (1, 2, True), (1, 1, True), (2, 2, True))
+
+
 def every_instantiation() -> dict[str, list[str]]:
-    """Each source file and the instantiations the wrappers can ask of it (used by the nvcc check)."""
+    """Each source file and the instantiations the wrappers can ask of it, and the LayerNorm backward
+    variants of the launch-shape sweep (used by the nvcc check)."""
     from kernels.bias_gelu import BACKWARD as backward  # bias_gelu imports this module
     out: dict[str, list[str]] = {}
     for dtype in CUDA_TYPE:
@@ -214,5 +232,7 @@ def every_instantiation() -> dict[str, list[str]]:
                         out[f"{k}.cu"].append(expression(f"{k}_bwd", dtype, lay))
             out["layer_norm.cu"] += [expression("layer_norm_fwd", dtype, RowLayout(vec, s, True, 128, stream=True))
                                      for s in (2, 4)]  # row_layout's warp_slots=4 (the LayerNorm forward)
+            out["layer_norm.cu"] += [expression("layer_norm_bwd", dtype, RowLayout(vec, s, False, 0, rows=r, shared_acc=a))
+                                     for s, r, a in BACKWARD_VARIANTS]
     out["minhash.cu"] = ["minhash_signatures"]  # dedup's signatures (tasks/dedup/gpu.py): integers only
     return out

@@ -155,6 +155,23 @@ def test_every_layout_the_wrappers_can_launch_is_in_the_nvcc_check(monkeypatch):
         runtime.row_layout.cache_clear()
 
 
+def test_the_sweeps_layer_norm_backward_variants_are_in_the_nvcc_check():
+    """benchmarks/kernel_sweep.py times LayerNorm backward variants compiled by NVRTC at run time; the
+    nvcc check compiles each, so a variant that does not build is found in CI, not on a lent GPU."""
+    from benchmarks.kernel_sweep import LN_BWD
+    from kernels import runtime
+    listed = runtime.every_instantiation()["layer_norm.cu"]
+    for dtype in runtime.CUDA_TYPE:
+        vec = 16 // torch.tensor([], dtype=dtype).element_size()
+        for kind, slots, threads, _, variant in LN_BWD:
+            lay = runtime.RowLayout(vec, slots, kind == "warp", threads, **variant)
+            assert runtime.expression("layer_norm_bwd", dtype, lay) in listed, lay
+    assert runtime.expression("layer_norm_bwd", torch.bfloat16, runtime.RowLayout(8, 1, False, 128, rows=2, shared_acc=True)) \
+        == "layer_norm_bwd<bf16, 8, 1, false, 2, true>"
+    with pytest.raises(ValueError, match="either streamed"):
+        runtime.expression("layer_norm_fwd", torch.bfloat16, runtime.RowLayout(8, 4, True, 128, stream=True, rows=2))
+
+
 def test_row_layout_refuses_warp_slots_the_nvcc_check_does_not_list():
     from kernels import runtime
     with pytest.raises(ValueError, match="warp_slots must be 1, 2 or 4"):

@@ -86,16 +86,20 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   v = lane < nwarps ? scratch[lane] : 0.f;
   return warp_sum(v);
 }
-// Two block-wide sums in one round of barriers; `scratch` holds >= 66 floats.
-__device__ __forceinline__ void block_sum2(float& a, float& b, float* scratch) {
+// N block-wide sums in one round of barriers; `scratch` holds >= 33 * N floats.
+template <int N>
+__device__ __forceinline__ void block_sums(float (&v)[N], float* scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
-  a = warp_sum(a);
-  b = warp_sum(b);
+#pragma unroll
+  for (int i = 0; i < N; ++i) v[i] = warp_sum(v[i]);
+  __syncthreads();  // scratch may still be read by a previous reduction
+  if (lane == 0) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) scratch[33 * i + warp] = v[i];
+  }
   __syncthreads();
-  if (lane == 0) { scratch[warp] = a; scratch[33 + warp] = b; }
-  __syncthreads();
-  a = warp_sum(lane < nwarps ? scratch[lane] : 0.f);
-  b = warp_sum(lane < nwarps ? scratch[33 + lane] : 0.f);
+#pragma unroll
+  for (int i = 0; i < N; ++i) v[i] = warp_sum(lane < nwarps ? scratch[33 * i + lane] : 0.f);
 }
 __device__ __forceinline__ float block_max(float v, float* scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;

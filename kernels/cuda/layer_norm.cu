@@ -94,66 +94,120 @@ __device__ __forceinline__ void add_to_shared(float* acc, const float (&part)[SL
   }
 }
 
-template <typename T, int VEC, int SLOTS, bool WARP>
+// Block layout only, both measured against the defaults by benchmarks/kernel_sweep.py: ROWS rows per
+// iteration (their loads in flight together, their four sums in one round of barriers), and
+// SHARED_ACC, this thread's dgamma/dbeta accumulators in shared memory instead of 2 * SLOTS * VEC
+// registers (more resident blocks). Laid out [slot][element][thread] there: conflict-free, and each
+// thread owns its entries, so they need no barrier.
+template <typename T, int VEC, int SLOTS, bool WARP, int ROWS = 1, bool SHARED_ACC = false>
 __global__ void layer_norm_bwd(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ gamma,
                                const float* __restrict__ mean_in, const float* __restrict__ rstd_in,
                                T* __restrict__ dx, float* __restrict__ dgamma_part, float* __restrict__ dbeta_part,
                                long long rows, int cols) {
-  __shared__ float scratch[66];
-  extern __shared__ float block_acc[];  // WARP only: 2 * cols floats, the block's dgamma and dbeta
+  static_assert(!WARP || (ROWS == 1 && !SHARED_ACC), "ROWS and SHARED_ACC are for the block layout");
+  constexpr int ACC = SHARED_ACC ? 1 : SLOTS;  // register accumulators (unused with SHARED_ACC)
+  __shared__ float scratch[66 * ROWS];
+  // WARP: 2 * cols floats, the block's dgamma and dbeta; SHARED_ACC: 2 * SLOTS * VEC * blockDim.x
+  extern __shared__ float block_acc[];
   const int tid = WARP ? (threadIdx.x & 31) : threadIdx.x;
   const int row_threads = WARP ? 32 : blockDim.x;
   const int rows_per_block = WARP ? (blockDim.x >> 5) : 1;
   const int nvec = cols / VEC;
-  float g[SLOTS][VEC], ga[SLOTS][VEC], ba[SLOTS][VEC];
+  const int acc_half = SLOTS * VEC * row_threads;  // SHARED_ACC: where dbeta's accumulators start
+  float g[SLOTS][VEC], ga[ACC][VEC], ba[ACC][VEC];
 #pragma unroll
   for (int s = 0; s < SLOTS; ++s) {
     const int v = tid + s * row_threads;
     if (v < nvec) load_vec<T, VEC>(gamma + v * VEC, g[s]);
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) { ga[s][k] = 0.f; ba[s][k] = 0.f; }
+    for (int k = 0; k < VEC; ++k) {
+      if constexpr (SHARED_ACC) {
+        block_acc[(s * VEC + k) * row_threads + tid] = 0.f;
+        block_acc[acc_half + (s * VEC + k) * row_threads + tid] = 0.f;
+      } else {
+        ga[s][k] = 0.f;
+        ba[s][k] = 0.f;
+      }
+    }
   }
   const float inv_cols = 1.f / cols;
   // (a variant holding the next row's x and dy in flight, gamma read from cache, measured slower on
   // the H100: 0.41 of peak bandwidth against 0.47, its extra registers cost more resident blocks)
-  for (long long row = (long long)blockIdx.x * rows_per_block + (WARP ? (threadIdx.x >> 5) : 0); row < rows;
-       row += (long long)gridDim.x * rows_per_block) {
-    const float mean = mean_in[row], rstd = rstd_in[row];
-    float xh[SLOTS][VEC], d[SLOTS][VEC];
-    load_row<T, VEC, SLOTS>(x + row * cols, tid, row_threads, nvec, cols, xh);
-    load_row<T, VEC, SLOTS>(dy + row * cols, tid, row_threads, nvec, cols, d);
-    float s1 = 0.f, s2 = 0.f;
+  const long long stride = (long long)gridDim.x * rows_per_block * ROWS;
+  for (long long first = ((long long)blockIdx.x * rows_per_block + (WARP ? (threadIdx.x >> 5) : 0)) * ROWS;
+       first < rows; first += stride) {
+    float mean[ROWS], rstd[ROWS], xh[ROWS][SLOTS][VEC], d[ROWS][SLOTS][VEC], sums[2 * ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      if (first + r < rows) {  // a row past the end is neither read nor written
+        mean[r] = mean_in[first + r];
+        rstd[r] = rstd_in[first + r];
+        load_row<T, VEC, SLOTS>(x + (first + r) * cols, tid, row_threads, nvec, cols, xh[r]);
+        load_row<T, VEC, SLOTS>(dy + (first + r) * cols, tid, row_threads, nvec, cols, d[r]);
+      }
+    }
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const int v = tid + s * row_threads;
       if (v < nvec) {
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-          xh[s][k] = (xh[s][k] - mean) * rstd;
-          ga[s][k] += d[s][k] * xh[s][k];
-          ba[s][k] += d[s][k];
-          d[s][k] *= g[s][k];  // from here on d is dy * gamma
-          s1 += d[s][k];
-          s2 += d[s][k] * xh[s][k];
+          float pg = 0.f, pb = 0.f;
+#pragma unroll
+          for (int r = 0; r < ROWS; ++r) {
+            if (first + r < rows) {
+              xh[r][s][k] = (xh[r][s][k] - mean[r]) * rstd[r];
+              pg += d[r][s][k] * xh[r][s][k];
+              pb += d[r][s][k];
+              d[r][s][k] *= g[s][k];  // from here on d is dy * gamma
+            }
+          }
+          if constexpr (SHARED_ACC) {
+            block_acc[(s * VEC + k) * row_threads + tid] += pg;
+            block_acc[acc_half + (s * VEC + k) * row_threads + tid] += pb;
+          } else {
+            ga[s][k] += pg;
+            ba[s][k] += pb;
+          }
         }
       }
     }
-    if (WARP) { s1 = warp_sum(s1); s2 = warp_sum(s2); } else { block_sum2(s1, s2, scratch); }
-    s1 *= inv_cols;
-    s2 *= inv_cols;
 #pragma unroll
-    for (int s = 0; s < SLOTS; ++s) {
-      const int v = tid + s * row_threads;
-      if (v < nvec) {
-        float o[VEC];
+    for (int r = 0; r < ROWS; ++r) {
+      float s1 = 0.f, s2 = 0.f;
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) o[k] = rstd * (d[s][k] - s1 - xh[s][k] * s2);
-        store_vec<T, VEC>(dx + row * cols + v * VEC, o);
+      for (int s = 0; s < SLOTS; ++s) {
+        if (first + r < rows && tid + s * row_threads < nvec) {
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) { s1 += d[r][s][k]; s2 += d[r][s][k] * xh[r][s][k]; }
+        }
+      }
+      sums[2 * r] = s1;
+      sums[2 * r + 1] = s2;
+    }
+    if constexpr (WARP) {
+      sums[0] = warp_sum(sums[0]);
+      sums[1] = warp_sum(sums[1]);
+    } else {
+      block_sums<2 * ROWS>(sums, scratch);
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const float s1 = sums[2 * r] * inv_cols, s2 = sums[2 * r + 1] * inv_cols;
+#pragma unroll
+      for (int s = 0; s < SLOTS; ++s) {
+        const int v = tid + s * row_threads;
+        if (first + r < rows && v < nvec) {
+          float o[VEC];
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) o[k] = rstd[r] * (d[r][s][k] - s1 - xh[r][s][k] * s2);
+          store_vec<T, VEC>(dx + (first + r) * cols + v * VEC, o);
+        }
       }
     }
   }
-  if (WARP) {  // fold the block's warps together in shared memory, in warp order (the same sums every
-              // run, as atomics would not give), before writing one partial row
+  if constexpr (WARP) {  // fold the block's warps together in shared memory, in warp order (the same sums
+                         // every run, as atomics would not give), before writing one partial row
     for (int i = threadIdx.x; i < 2 * cols; i += blockDim.x) block_acc[i] = 0.f;
     for (int w = 0; w < rows_per_block; ++w) {
       __syncthreads();
@@ -174,8 +228,10 @@ __global__ void layer_norm_bwd(const T* __restrict__ dy, const T* __restrict__ x
       if (v < nvec) {
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-          dgamma_part[blockIdx.x * (long long)cols + v * VEC + k] = ga[s][k];
-          dbeta_part[blockIdx.x * (long long)cols + v * VEC + k] = ba[s][k];
+          const float pg = SHARED_ACC ? block_acc[(s * VEC + k) * row_threads + tid] : ga[SHARED_ACC ? 0 : s][k];
+          const float pb = SHARED_ACC ? block_acc[acc_half + (s * VEC + k) * row_threads + tid] : ba[SHARED_ACC ? 0 : s][k];
+          dgamma_part[blockIdx.x * (long long)cols + v * VEC + k] = pg;
+          dbeta_part[blockIdx.x * (long long)cols + v * VEC + k] = pb;
         }
       }
     }
