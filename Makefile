@@ -27,8 +27,10 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 ## Run the whole pipeline DAG on the built-in sample through Prefect (temporary local server).
+## `exec`, here and below: the command is make's own child, so `kill <make's pid>` (which make passes
+## on to its child) stops it; a shell in between died of it and left the run going.
 run: install
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m flows.pipeline params.yaml
+	PATH="$(abspath $(VENV))/bin:$$PATH" exec $(PY) -m flows.pipeline params.yaml
 
 ## The test suite (CI calls this through .ci/run), in TEST_WORKERS processes: most tests spend their time
 ## starting interpreters, ranks and servers, so two workers on two cores take about half the time of one.
@@ -36,11 +38,11 @@ run: install
 ## TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= 2
 test: install
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadfile tests
+	PATH="$(abspath $(VENV))/bin:$$PATH" exec $(PY) -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadfile tests
 
 ## Reproduce the pipeline with DVC instead (same stage entry points).
 repro: install
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dvc repro
+	PATH="$(abspath $(VENV))/bin:$$PATH" exec $(VENV)/bin/dvc repro
 
 ## Prefect UI on http://127.0.0.1:$(PORT), and Data Docs beside it at params.yaml's paths.docs_url
 ui: install
@@ -60,8 +62,8 @@ deploy: install
 
 ## A worker that executes runs triggered from the UI.
 worker: install
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" PREFECT_API_URL=http://127.0.0.1:$(PORT)/api PREFECT_UI_URL=http://127.0.0.1:$(PORT) \
-	$(VENV)/bin/prefect worker start --pool local-process
+	PATH="$(abspath $(VENV))/bin:$$PATH" PREFECT_API_URL=http://127.0.0.1:$(PORT)/api PREFECT_UI_URL=http://127.0.0.1:$(PORT) \
+	exec $(VENV)/bin/prefect worker start --pool local-process
 
 ## Every benchmark's last line (README "Benchmarks"), after installing the references they compare with
 ## (lm-evaluation-harness, datatrove; Django and Sphinx for their translations). Without a GPU the kernel
@@ -70,7 +72,7 @@ BENCHES := extract langid decontam filter filter_agreement dedup blend train res
 bench: install
 	$(PY) -m pip install -q -e '.[bench]'
 	set -e; for b in $(BENCHES); do echo "== benchmarks.$$b"; \
-	  PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m benchmarks.$$b; done
+	  PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m benchmarks.$$b; done
 
 ## On a machine with a CUDA GPU and CuPy, every check that needs one, each logged into GPU_LOGS: the fused
 ## kernels against their references, the kernel benchmark with the ~350M step (eager and torch.compile),
