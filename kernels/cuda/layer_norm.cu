@@ -152,7 +152,10 @@ __global__ void layer_norm_bwd(const T* __restrict__ dy, const T* __restrict__ x
       if (v < nvec) {
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-          float pg = 0.f, pb = 0.f;
+          // from the accumulator, not from 0: one rounding per product (fma), as for a single row
+          const int ig = (s * VEC + k) * row_threads + tid;
+          float pg = SHARED_ACC ? block_acc[ig] : ga[SHARED_ACC ? 0 : s][k];
+          float pb = SHARED_ACC ? block_acc[acc_half + ig] : ba[SHARED_ACC ? 0 : s][k];
 #pragma unroll
           for (int r = 0; r < ROWS; ++r) {
             if (first + r < rows) {
@@ -163,11 +166,11 @@ __global__ void layer_norm_bwd(const T* __restrict__ dy, const T* __restrict__ x
             }
           }
           if constexpr (SHARED_ACC) {
-            block_acc[(s * VEC + k) * row_threads + tid] += pg;
-            block_acc[acc_half + (s * VEC + k) * row_threads + tid] += pb;
+            block_acc[ig] = pg;
+            block_acc[acc_half + ig] = pb;
           } else {
-            ga[s][k] += pg;
-            ba[s][k] += pb;
+            ga[s][k] = pg;
+            ba[s][k] = pb;
           }
         }
       }
