@@ -45,11 +45,15 @@ repro: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" exec $(VENV)/bin/dvc repro
 
 ## Prefect UI on http://127.0.0.1:$(PORT), and Data Docs beside it at params.yaml's paths.docs_url
+## Both run in the background of one shell that waits for them: a shell waiting on a foreground
+## command runs its traps only after it, so `kill <make's pid>` stopped neither server.
 ui: install
 	$(PY) -m flows.docs_server --params params.yaml & docs=$$!; \
-	trap "kill $$docs" EXIT INT TERM; \
 	PREFECT_API_URL=http://127.0.0.1:$(PORT)/api PREFECT_UI_URL=http://127.0.0.1:$(PORT) \
-	$(VENV)/bin/prefect server start --host 127.0.0.1 --port $(PORT)
+	$(VENV)/bin/prefect server start --host 127.0.0.1 --port $(PORT) & server=$$!; \
+	trap 'kill $$server $$docs 2>/dev/null; wait; exit 130' INT; \
+	trap 'kill $$server $$docs 2>/dev/null; wait; exit 143' TERM; \
+	wait $$server; status=$$?; kill $$docs 2>/dev/null; wait; exit $$status
 
 ## Data Docs (the validation reports) alone, at params.yaml's paths.docs_url (http://127.0.0.1:4201)
 docs: install

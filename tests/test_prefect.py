@@ -319,34 +319,6 @@ def test_ctrl_c_of_a_command_line_run_ends_it_at_once_and_leaves_no_server(tmp_p
             os.kill(server, signal.SIGKILL)
 
 
-def test_kill_of_make_run_stops_the_pipeline(tmp_path):
-    """`kill <pid of make>`, as an operator or a process manager sends it: make passes SIGTERM on to its
-    child, which was a shell; the shell died of it and the pipeline ran on, unseen, to its end."""
-    repo = copy_project(tmp_path / "repo")
-    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "MAKEFLAGS", "MAKELEVEL")}
-    log = tmp_path / "run.log"
-    with open(log, "wb") as out:  # -o install: the venv is this checkout's, already installed
-        make = subprocess.Popen(["make", "-o", "install", "run", f"VENV={BIN.parent}"], cwd=repo, env=env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 300
-        while make.poll() is None and time.monotonic() < deadline and b"for flow 'stage-download'" not in log.read_bytes():
-            time.sleep(0.1)
-        pipeline = next((pid for pid in children(make.pid) if b"flows.pipeline" in cmdline(pid)), None)
-        assert pipeline is not None and make.poll() is None, log.read_text()[-3000:]
-        os.kill(make.pid, signal.SIGTERM)  # make alone, not its process group
-        make.wait(timeout=120)
-        deadline = time.monotonic() + 120
-        while running(pipeline) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        text = log.read_text()
-        assert not running(pipeline), "the pipeline outlived make:\n" + text[-3000:]
-        assert "interrupted: the pipeline stopped; rerun it to resume" in text and "Traceback" not in text, text[-3000:]
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(make.pid, signal.SIGKILL)
-
-
 def from_a_terminal(cmd: list[str], cwd: Path, env: dict, log: Path) -> subprocess.Popen:
     """Start `cmd` as a shell started from a terminal runs it: its own process group (Ctrl-C signals
     the group), SIGINT neither ignored nor blocked (a test runner or a `&` job may have either)."""

@@ -1,0 +1,100 @@
+"""The Makefile's long-running commands under `kill <pid of make>`, as an operator or a process manager
+sends it: SIGTERM to make alone, which make passes on to its child; everything make started stops."""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BIN, free_port
+from tests.project_copy import copy_project
+from tests.test_prefect import children, cmdline, running
+
+
+def make(target: str, repo: Path, log: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
+    """`make -o install <target>` in a project copy with this checkout's venv (installed already)."""
+    env = {k: v for k, v in (env or os.environ).items() if k not in ("PREFECT_API_URL", "MAKEFLAGS", "MAKELEVEL")}
+    with open(log, "wb") as out:
+        return subprocess.Popen(["make", "-o", "install", target, f"VENV={BIN.parent}", *args], cwd=repo, env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def answers(url: str) -> bool:
+    try:
+        urllib.request.urlopen(url, timeout=2).read()
+        return True
+    except OSError:
+        return False
+
+
+def ends(proc: subprocess.Popen, log: Path) -> None:
+    try:
+        proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("make was still running 120 s after its SIGTERM:\n" + log.read_text()[-3000:])
+
+
+def descendants(pid: int) -> list[int]:
+    found = children(pid)
+    return found + [d for c in found for d in descendants(c)]
+
+
+def test_kill_of_make_run_stops_the_pipeline(tmp_path):
+    """make passed SIGTERM to a shell, which died of it, and the pipeline ran on, unseen, to its end."""
+    repo = copy_project(tmp_path / "repo")
+    log = tmp_path / "run.log"
+    proc = make("run", repo, log)
+    try:
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and time.monotonic() < deadline and b"for flow 'stage-download'" not in log.read_bytes():
+            time.sleep(0.1)
+        pipeline = next((pid for pid in children(proc.pid) if b"flows.pipeline" in cmdline(pid)), None)
+        assert pipeline is not None and proc.poll() is None, log.read_text()[-3000:]
+        os.kill(proc.pid, signal.SIGTERM)  # make alone, not its process group
+        ends(proc, log)
+        deadline = time.monotonic() + 120
+        while running(pipeline) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        text = log.read_text()
+        assert not running(pipeline), "the pipeline outlived make:\n" + text[-3000:]
+        assert "interrupted: the pipeline stopped; rerun it to resume" in text and "Traceback" not in text, text[-3000:]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_kill_of_make_ui_stops_both_servers(tmp_path):
+    """The shell waited on the Prefect server in the foreground, and a waiting shell runs its traps only
+    after that command: neither the Prefect server nor the Data Docs server stopped."""
+    port, docs_port = free_port(), free_port()
+    repo = copy_project(tmp_path / "repo", paths={"docs_url": f"http://127.0.0.1:{docs_port}"})
+    log = tmp_path / "ui.log"
+    proc = make("ui", repo, log, f"PORT={port}", env={**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")})
+    started = []
+    try:
+        api, docs = f"http://127.0.0.1:{port}/api/health", f"http://127.0.0.1:{docs_port}/index.html"
+        deadline = time.monotonic() + 180
+        while proc.poll() is None and time.monotonic() < deadline and not (answers(api) and answers(docs)):
+            time.sleep(0.5)
+        assert answers(api) and answers(docs), log.read_text()[-3000:]
+        started = descendants(proc.pid)
+        os.kill(proc.pid, signal.SIGTERM)  # make alone
+        ends(proc, log)
+        deadline = time.monotonic() + 60
+        while any(map(running, started)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = [cmdline(pid).replace(b"\0", b" ").decode() for pid in started if running(pid)]
+        assert not left, f"still running after make was killed: {left}\n" + log.read_text()[-3000:]
+        assert not answers(api) and not answers(docs)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
