@@ -69,6 +69,9 @@ def run(stage: str, params_file: str) -> dict:
     params = load_params(params_file)
     # the limit after Ctrl-C: a shard blocked in a stalled download needs up to its timeout
     interrupts.install(interrupts.EXIT_WITHIN_S + params.download.timeout_s)
+    dvc = lifeline.ancestor_running("dvc") if os.environ.get("DVC_STAGE") else None
+    if dvc is not None:  # run by `dvc repro`, which cannot record what the stage does once it is gone
+        lifeline.stop_when_gone(dvc, f"stage '{stage}': dvc repro, which ran it, is gone (killed?); stopping it")
     with naming_full_disk(params.paths.data_dir), stage_lock(params, stage):
         lifeline.guard_descendants()  # what the stage starts (sandboxed extraction, ranks) ends with it
         stats = run_stage(stage, params, validation_follows=True,

@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import BIN, free_port
 from tests.project_copy import copy_project
-from tests.test_prefect import children, cmdline, running
+from tests.test_prefect import TrickleHandler, children, cmdline, running, slow_crawl  # noqa: F401 - a fixture
 
 
 def make(target: str, repo: Path, log: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
@@ -67,6 +67,35 @@ def test_kill_of_make_run_stops_the_pipeline(tmp_path):
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_kill_of_make_repro_stops_the_stage_dvc_was_running(tmp_path, slow_crawl):
+    """DVC dies of SIGTERM; the stage command it was running went on unseen, and held the stage's lock
+    against the rerun (a training stage, for hours). Here a download of two slowly served files."""
+    repo = copy_project(tmp_path / "repo", **slow_crawl)
+    log = tmp_path / "repro.log"
+    proc = make("repro", repo, log)
+    stage = None
+    try:
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and TrickleHandler.requests < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)  # the listing, then the first file (the stage command downloads one at a time)
+        stage = next((pid for pid in descendants(proc.pid) if b"tasks\0download" in cmdline(pid)), None)
+        assert stage is not None and proc.poll() is None, log.read_text()[-3000:]
+        os.kill(proc.pid, signal.SIGTERM)  # make alone, which passes it on to dvc
+        ends(proc, log)
+        deadline = time.monotonic() + 60
+        while running(stage) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        text = log.read_text()
+        assert not running(stage), "the stage outlived dvc:\n" + text[-3000:]
+        assert "stage 'download': dvc repro, which ran it, is gone (killed?); stopping it" in text, text[-3000:]
+        assert "interrupted: stage 'download' stopped; rerun it to resume" in text, text[-3000:]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        if stage is not None and running(stage):
+            os.kill(stage, signal.SIGKILL)
 
 
 def test_kill_of_make_ui_stops_both_servers(tmp_path):

@@ -10,6 +10,10 @@
   host than the launcher's only the parent is watched). The ranks of one run folder also hold
   `.ranks.lock` (shared) while they live: a launch into that folder first waits for the lock, so a
   rerun right after a kill never overlaps the last ranks of the killed run.
+- **A stage that `dvc repro` runs.** DVC dies of a SIGTERM sent to it alone (`kill <pid>`, or make
+  passing on its own), and the stage it was running went on unseen, holding the stage's lock against
+  the rerun (for training, for hours). `stop_when_gone()` stops the stage as SIGTERM would once DVC
+  is gone.
 - **What a command-line run starts.** `python -m flows.pipeline` without a server has Prefect start a
   temporary one (uvicorn, a child process) and stop it at exit; a kill -9 left it serving forever.
   `guard_descendants()` starts a small watcher that stops whatever the run started once it is gone.
@@ -136,6 +140,39 @@ def watch(label: str) -> None:
         stop()
 
     threading.Thread(target=loop, name="lifeline", daemon=True).start()
+
+
+def ancestor_running(program: str, levels: int = 3) -> int | None:
+    """The nearest of this process's ancestors, `levels` up at most, whose command runs `program`
+    (`.../bin/dvc repro`, `python .../bin/dvc repro`, `python -m dvc repro`); None if none."""
+    name = program.encode()
+    pid = os.getppid()
+    for _ in range(levels):
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return None
+        if name in (os.path.basename(a) for a in args[:2]) or args[1:3] == [b"-m", name]:
+            return pid
+        fields = _stat(pid)
+        pid = int(fields[1]) if fields else 0
+        if pid <= 1:
+            return None
+    return None
+
+
+def stop_when_gone(pid: int, line: str) -> None:
+    """Once process `pid` has ended (checked every second by a daemon thread): print `line` and stop
+    this process as SIGTERM stops it (its interrupt handler: the interrupt line, exit 143)."""
+    watched = identity(pid)
+
+    def loop() -> None:
+        while not gone(watched):
+            time.sleep(WATCH_EVERY_S)
+        print(line, file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=loop, name="lifeline-dvc", daemon=True).start()
 
 
 @contextmanager
