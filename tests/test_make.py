@@ -33,11 +33,20 @@ def answers(url: str) -> bool:
         return False
 
 
-def ends(proc: subprocess.Popen, log: Path) -> None:
+def kill_make(proc: subprocess.Popen, log: Path, started: list[int]) -> str:
+    """SIGTERM to make alone (not its process group); then make and every process in `started` must
+    end within 120 s. Returns the log."""
+    os.kill(proc.pid, signal.SIGTERM)
     try:
         proc.wait(timeout=120)
     except subprocess.TimeoutExpired:
         pytest.fail("make was still running 120 s after its SIGTERM:\n" + log.read_text()[-3000:])
+    deadline = time.monotonic() + 120
+    while any(map(running, started)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [cmdline(pid).replace(b"\0", b" ").decode() for pid in started if running(pid)]
+    assert not left, f"still running after make was killed: {left}\n" + log.read_text()[-3000:]
+    return log.read_text()
 
 
 def descendants(pid: int) -> list[int]:
@@ -56,13 +65,7 @@ def test_kill_of_make_run_stops_the_pipeline(tmp_path):
             time.sleep(0.1)
         pipeline = next((pid for pid in children(proc.pid) if b"flows.pipeline" in cmdline(pid)), None)
         assert pipeline is not None and proc.poll() is None, log.read_text()[-3000:]
-        os.kill(proc.pid, signal.SIGTERM)  # make alone, not its process group
-        ends(proc, log)
-        deadline = time.monotonic() + 120
-        while running(pipeline) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        text = log.read_text()
-        assert not running(pipeline), "the pipeline outlived make:\n" + text[-3000:]
+        text = kill_make(proc, log, [pipeline])
         assert "interrupted: the pipeline stopped; rerun it to resume" in text and "Traceback" not in text, text[-3000:]
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -82,13 +85,7 @@ def test_kill_of_make_repro_stops_the_stage_dvc_was_running(tmp_path, slow_crawl
             time.sleep(0.1)  # the listing, then the first file (the stage command downloads one at a time)
         stage = next((pid for pid in descendants(proc.pid) if b"tasks\0download" in cmdline(pid)), None)
         assert stage is not None and proc.poll() is None, log.read_text()[-3000:]
-        os.kill(proc.pid, signal.SIGTERM)  # make alone, which passes it on to dvc
-        ends(proc, log)
-        deadline = time.monotonic() + 60
-        while running(stage) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        text = log.read_text()
-        assert not running(stage), "the stage outlived dvc:\n" + text[-3000:]
+        text = kill_make(proc, log, [stage])  # make passes it on to dvc
         assert "stage 'download': dvc repro, which ran it, is gone (killed?); stopping it" in text, text[-3000:]
         assert "interrupted: stage 'download' stopped; rerun it to resume" in text, text[-3000:]
     finally:
@@ -113,13 +110,7 @@ def test_kill_of_make_ui_stops_both_servers(tmp_path):
             time.sleep(0.5)
         assert answers(api) and answers(docs), log.read_text()[-3000:]
         started = descendants(proc.pid)
-        os.kill(proc.pid, signal.SIGTERM)  # make alone
-        ends(proc, log)
-        deadline = time.monotonic() + 60
-        while any(map(running, started)) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        left = [cmdline(pid).replace(b"\0", b" ").decode() for pid in started if running(pid)]
-        assert not left, f"still running after make was killed: {left}\n" + log.read_text()[-3000:]
+        kill_make(proc, log, started)
         assert not answers(api) and not answers(docs)
     finally:
         with contextlib.suppress(ProcessLookupError):
