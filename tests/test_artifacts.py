@@ -42,3 +42,24 @@ def test_a_stage_found_up_to_date_says_so_and_its_key_is_no_metric():
     lines = summary_markdown(rows, parse_params({}), "completed").splitlines()
     assert lines[4].split("|")[5] == " up to date " and lines[5].split("|")[5] == " 41.5 "
     assert "Up to date" not in stats_markdown({**stats, "up_to_date": False}, None, parse_params({}))
+
+
+def test_a_flow_logs_the_stages_warnings_before_its_failed_validation(tmp_path):
+    """As the command line prints them (tests/test_curated.py): the warning that may explain a failed
+    validation is logged in the stage's run before the failure."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+    from tests.test_curated import a_failed_validation_planted, a_project_whose_download_warns
+    a_project_whose_download_warns(tmp_path)
+    failing = a_failed_validation_planted("flows.stages", "from flows.pipeline import main; sys.exit(main(['params.yaml', 'download']))")
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}  # a temporary server of its own
+    out = subprocess.run([sys.executable, "-c", failing], cwd=tmp_path, capture_output=True, text=True,
+                         env={**env, "PYTHONPATH": str(REPO)}, timeout=600)
+    assert out.returncode == 3, out.stdout[-2000:] + out.stderr[-3000:]
+    warned = out.stderr.find("WARNING | Flow run")  # Prefect's log lines, all on stderr
+    failed = out.stderr.find("stage 'download' failed validation: a planted failure")
+    assert 0 <= warned < failed, out.stderr[-3000:]
+    assert "download: download.curated: 1 documents have no dataset name" in out.stderr[warned:failed]

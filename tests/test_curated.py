@@ -229,22 +229,32 @@ def test_a_curated_corpus_copied_anew_is_not_converted_again(tmp_path, monkeypat
     assert redone() == 1
 
 
-def test_the_command_prints_the_warnings_once_on_stderr(tmp_path):
-    """The command prints a stage's warnings as the stage ends, before its validation (whose failure one
-    may explain: they were printed only after a passed validation), and not again in its summary."""
+def a_project_whose_download_warns(folder: Path) -> None:
+    """params.yaml in `folder` with a curated file whose documents name no dataset (the download stage
+    warns about it), and the sample stage run."""
     import yaml
 
     from tests.test_errors import cli
-    (tmp_path / "books.jsonl").write_text(json.dumps({"text": "a book about ships"}) + "\n")
-    raw = small_raw(tmp_path / "data", download={"curated": [{"path": str(tmp_path / "books.jsonl")}]})
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
-    assert cli(tmp_path, "sample").returncode == 0
-    failing = ("import sys, tasks.validation as v\n"
-               "from tasks.core.errors import ExpectationFailed\n"
-               "def fail(stage, *a, **k): raise ExpectationFailed(stage, ['a planted failure'], 'docs')\n"
-               "v.validation_of = fail\n"
-               "from tasks.__main__ import main\n"
-               "sys.exit(main(['download']))\n")
+    (folder / "books.jsonl").write_text(json.dumps({"text": "a book about ships"}) + "\n")
+    raw = small_raw(folder / "data", download={"curated": [{"path": str(folder / "books.jsonl")}]})
+    (folder / "params.yaml").write_text(yaml.safe_dump(raw))
+    assert cli(folder, "sample").returncode == 0
+
+
+def a_failed_validation_planted(module: str, then: str) -> str:
+    """A program that makes `module`'s validation_of fail every stage ('a planted failure'), then runs `then`."""
+    return (f"import sys, {module} as m\n"
+            "from tasks.core.errors import ExpectationFailed\n"
+            "def fail(stage, *a, **k): raise ExpectationFailed(stage, ['a planted failure'], 'docs')\n"
+            f"m.validation_of = fail\n{then}\n")
+
+
+def test_the_command_prints_the_warnings_once_on_stderr(tmp_path):
+    """The command prints a stage's warnings as the stage ends, before its validation (whose failure one
+    may explain: they were printed only after a passed validation), and not again in its summary."""
+    from tests.test_errors import cli
+    a_project_whose_download_warns(tmp_path)
+    failing = a_failed_validation_planted("tasks.validation", "from tasks.__main__ import main; sys.exit(main(['download']))")
     failed = subprocess.run([sys.executable, "-c", failing], cwd=tmp_path, capture_output=True, text=True,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     assert failed.returncode == 3, failed.stderr  # the warning comes with the failure it may explain
