@@ -170,11 +170,16 @@ def row_layout(file: str, kernel: str, dtype: torch.dtype, cols: int, vec: int,
         for slots in (1, 2, 4, 8):
             if slots > max_slots:
                 return None
-            threads = 32 * math.ceil(math.ceil(nvec / slots) / 32)
+            threads = block_threads(nvec, slots)
             if threads <= max_threads or (slots == max_slots and threads <= 1024):
                 break
         lay = RowLayout(vec, slots, False, threads)
     return resident(file, kernel, dtype, lay, device)
+
+
+def block_threads(nvec: int, slots: int) -> int:
+    """Threads of a block holding a row of `nvec` vectors, `slots` per thread: whole warps."""
+    return 32 * math.ceil(math.ceil(nvec / slots) / 32)
 
 
 def resident(file: str, kernel: str, dtype: torch.dtype, lay: RowLayout, device: int = 0) -> RowLayout | None:

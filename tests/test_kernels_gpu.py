@@ -80,7 +80,7 @@ def test_layer_norm_backward_variants(dtype, slots, rows_per_step, shared_acc, r
     w, b = (torch.randn(cols, device="cuda", dtype=dtype) for _ in range(2))
     dy = torch.randn_like(x)
     fwd, default = layouts(x, w, b)
-    threads = 32 * -(-(cols // default.vec) // (32 * slots))
+    threads = runtime.block_threads(cols // default.vec, slots)
     lay = runtime.resident("layer_norm.cu", "layer_norm_bwd", dtype, dataclasses.replace(
         default, slots=slots, warp=False, threads=threads, rows=rows_per_step, shared_acc=shared_acc, max_regs=64))
     y, (dx, dw, db) = grads(lambda *a: FusedLayerNorm.apply(*a, 1e-5, fwd, lay), [x, w, b], dy)

@@ -113,22 +113,18 @@ __global__ void layer_norm_bwd(const T* __restrict__ dy, const T* __restrict__ x
   const int row_threads = WARP ? 32 : blockDim.x;
   const int rows_per_block = WARP ? (blockDim.x >> 5) : 1;
   const int nvec = cols / VEC;
-  const int acc_half = SLOTS * VEC * row_threads;  // SHARED_ACC: where dbeta's accumulators start
   float g[SLOTS][VEC], ga[ACC][VEC], ba[ACC][VEC];
+  // this thread's accumulators of element k of slot s: dgamma's (`beta` false) or dbeta's
+  auto acc = [&](int s, int k, bool beta) -> float& {
+    if constexpr (SHARED_ACC) return block_acc[((beta ? SLOTS : 0) + s) * VEC * row_threads + k * row_threads + tid];
+    else return beta ? ba[s][k] : ga[s][k];
+  };
 #pragma unroll
   for (int s = 0; s < SLOTS; ++s) {
     const int v = tid + s * row_threads;
     if (v < nvec) load_vec<T, VEC>(gamma + v * VEC, g[s]);
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      if constexpr (SHARED_ACC) {
-        block_acc[(s * VEC + k) * row_threads + tid] = 0.f;
-        block_acc[acc_half + (s * VEC + k) * row_threads + tid] = 0.f;
-      } else {
-        ga[s][k] = 0.f;
-        ba[s][k] = 0.f;
-      }
-    }
+    for (int k = 0; k < VEC; ++k) acc(s, k, false) = acc(s, k, true) = 0.f;
   }
   const float inv_cols = 1.f / cols;
   // (a variant holding the next row's x and dy in flight, gamma read from cache, measured slower on
@@ -153,9 +149,7 @@ __global__ void layer_norm_bwd(const T* __restrict__ dy, const T* __restrict__ x
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
           // from the accumulator, not from 0: one rounding per product (fma), as for a single row
-          const int ig = (s * VEC + k) * row_threads + tid;
-          float pg = SHARED_ACC ? block_acc[ig] : ga[SHARED_ACC ? 0 : s][k];
-          float pb = SHARED_ACC ? block_acc[acc_half + ig] : ba[SHARED_ACC ? 0 : s][k];
+          float pg = acc(s, k, false), pb = acc(s, k, true);
 #pragma unroll
           for (int r = 0; r < ROWS; ++r) {
             if (first + r < rows) {
@@ -165,13 +159,8 @@ __global__ void layer_norm_bwd(const T* __restrict__ dy, const T* __restrict__ x
               d[r][s][k] *= g[s][k];  // from here on d is dy * gamma
             }
           }
-          if constexpr (SHARED_ACC) {
-            block_acc[ig] = pg;
-            block_acc[acc_half + ig] = pb;
-          } else {
-            ga[s][k] = pg;
-            ba[s][k] = pb;
-          }
+          acc(s, k, false) = pg;
+          acc(s, k, true) = pb;
         }
       }
     }
@@ -231,10 +220,8 @@ __global__ void layer_norm_bwd(const T* __restrict__ dy, const T* __restrict__ x
       if (v < nvec) {
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-          const float pg = SHARED_ACC ? block_acc[(s * VEC + k) * row_threads + tid] : ga[SHARED_ACC ? 0 : s][k];
-          const float pb = SHARED_ACC ? block_acc[acc_half + (s * VEC + k) * row_threads + tid] : ba[SHARED_ACC ? 0 : s][k];
-          dgamma_part[blockIdx.x * (long long)cols + v * VEC + k] = pg;
-          dbeta_part[blockIdx.x * (long long)cols + v * VEC + k] = pb;
+          dgamma_part[blockIdx.x * (long long)cols + v * VEC + k] = acc(s, k, false);
+          dbeta_part[blockIdx.x * (long long)cols + v * VEC + k] = acc(s, k, true);
         }
       }
     }
