@@ -133,13 +133,17 @@ def watch(label: str) -> None:
 
     if launcher and gone(launcher):  # killed while this rank was starting
         stop()
+    _once(orphaned, stop, "lifeline")
 
+
+def _once(condition, then, name: str) -> None:
+    """Call `then` once `condition()` holds, checked every WATCH_EVERY_S by a daemon thread."""
     def loop() -> None:
-        while not orphaned():
+        while not condition():
             time.sleep(WATCH_EVERY_S)
-        stop()
+        then()
 
-    threading.Thread(target=loop, name="lifeline", daemon=True).start()
+    threading.Thread(target=loop, name=name, daemon=True).start()
 
 
 def ancestor_running(program: str, levels: int = 3) -> int | None:
@@ -166,13 +170,11 @@ def stop_when_gone(pid: int, line: str) -> None:
     this process as SIGTERM stops it (its interrupt handler: the interrupt line, exit 143)."""
     watched = identity(pid)
 
-    def loop() -> None:
-        while not gone(watched):
-            time.sleep(WATCH_EVERY_S)
+    def stop() -> None:
         print(line, file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGTERM)
 
-    threading.Thread(target=loop, name="lifeline-dvc", daemon=True).start()
+    _once(lambda: gone(watched), stop, "lifeline-parent")
 
 
 @contextmanager
