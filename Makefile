@@ -71,33 +71,23 @@ worker: install
 
 ## Every benchmark's last line (README "Benchmarks"), after installing the references they compare with
 ## (lm-evaluation-harness, datatrove; Django and Sphinx for their translations). Without a GPU the kernel
-## benchmark checks compilation only.
-BENCHES := extract langid decontam filter filter_agreement dedup blend train resume eval kernels determinism
-bench: install
+## benchmark checks compilation only. BENCHES="train eval" runs those alone. Each benchmark is a child of
+## benchmarks.sequence (exec'd, like run): `kill <make's pid>` stops the one in progress and what it started.
+BENCH_STAMP := $(VENV)/.bench-installed-stamp
+BENCHES ?=
+$(BENCH_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e '.[bench]'
-	set -e; for b in $(BENCHES); do echo "== benchmarks.$$b"; \
-	  PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m benchmarks.$$b; done
+	touch $(BENCH_STAMP)
 
-## On a machine with a CUDA GPU and CuPy, every check that needs one, each logged into GPU_LOGS: the fused
-## kernels against their references, the kernel benchmark with the ~350M step (eager and torch.compile),
-## the MinHash kernel against the CPU signatures, and the launch-shape sweep (the table the kernels'
-## defaults were chosen from). It needs no venv: `make gpu-check PY=python3` runs with a system python
-## that has torch, CuPy and pydantic (the step imports trainer/), and stops at once where there is no
-## GPU rather than report the skipped tests as passed.
+bench: install $(BENCH_STAMP)
+	PATH="$(abspath $(VENV))/bin:$$PATH" exec $(PY) -m benchmarks.sequence $(BENCHES)
+
+## On a machine with a CUDA GPU and CuPy, every check that needs one, each logged into GPU_LOGS
+## (benchmarks/gpu_check.py says which). It needs no venv: `make gpu-check PY=python3` runs with a system
+## python that has torch, CuPy and pydantic; where there is no GPU it stops at once with one line.
 GPU_LOGS ?= gpu-logs
 gpu-check:
-	@$(PY) -c "import sys, kernels; sys.exit(0 if kernels.fused_available() else 'gpu-check: no CUDA GPU with CuPy here')"
-	mkdir -p "$(GPU_LOGS)"
-	status=0; \
-	$(PY) -m pytest -q tests/test_kernels_gpu.py > "$(GPU_LOGS)/test_kernels_gpu.log" 2>&1 || status=1; \
-	tail -n 3 "$(GPU_LOGS)/test_kernels_gpu.log"; \
-	$(PY) -m benchmarks.kernels --reps 30 --step-compile > "$(GPU_LOGS)/kernels.log" 2>&1 || status=1; \
-	tail -n 25 "$(GPU_LOGS)/kernels.log"; \
-	$(PY) -m tasks.dedup.gpu > "$(GPU_LOGS)/dedup_gpu.log" 2>&1 || status=1; \
-	tail -n 3 "$(GPU_LOGS)/dedup_gpu.log"; \
-	$(PY) -m benchmarks.kernel_sweep --json "$(GPU_LOGS)/sweep.json" > "$(GPU_LOGS)/sweep.log" 2>&1 || status=1; \
-	tail -n 25 "$(GPU_LOGS)/sweep.log"; \
-	exit $$status
+	exec $(PY) -m benchmarks.gpu_check --logs "$(GPU_LOGS)"
 
 clean:
 	find data -mindepth 1 -maxdepth 1 ! -name .gitkeep -exec rm -rf {} +

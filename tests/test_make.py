@@ -49,6 +49,15 @@ def kill_make(proc: subprocess.Popen, log: Path, started: list[int]) -> str:
     return log.read_text()
 
 
+def kill_left(proc: subprocess.Popen, started: list[int]) -> None:
+    """After a drill, pass or fail: kill -9 to make's process group and to whatever it started."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for pid in started:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def descendants(pid: int) -> list[int]:
     found = children(pid)
     return found + [d for c in found for d in descendants(c)]
@@ -113,8 +122,24 @@ def test_kill_of_make_ui_stops_both_servers(tmp_path):
         kill_make(proc, log, started)
         assert not answers(api) and not answers(docs)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        for pid in started:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_left(proc, started)
+
+
+def test_kill_of_make_bench_stops_the_benchmark_and_its_ranks(tmp_path):
+    """A shell loop ran the benchmarks, and died of make's SIGTERM: the benchmark in progress ran on,
+    unseen. Here benchmarks.train, during its parity run on 8 torchrun ranks."""
+    repo = copy_project(tmp_path / "repo")
+    log = tmp_path / "bench.log"
+    proc = make("bench", repo, log, "-o", str(BIN.parent / ".bench-installed-stamp"), "BENCHES=train")
+    started = []
+    try:
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and time.monotonic() < deadline and \
+                sum(b"trainer.parity" in cmdline(pid) for pid in descendants(proc.pid)) < 9:
+            time.sleep(0.2)  # torchrun and its 8 ranks
+        started = descendants(proc.pid)
+        assert proc.poll() is None and sum(b"trainer.parity" in cmdline(p) for p in started) >= 9, log.read_text()[-3000:]
+        text = kill_make(proc, log, started)
+        assert "interrupted (SIGTERM): benchmarks.train stopped; the steps after it not run" in text, text[-3000:]
+    finally:
+        kill_left(proc, started)
