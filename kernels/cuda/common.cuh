@@ -65,6 +65,20 @@ __device__ __forceinline__ void store_vec(T* p, const float (&in)[VEC]) {
   *reinterpret_cast<Pack<T, VEC>*>(p) = pk;
 }
 
+// VEC floats to `p`, 16 bytes a store where VEC allows (p then 16-byte aligned): a thread's VEC floats
+// are contiguous, so single stores left each warp's store touching 32 sectors for 4 bytes each.
+template <int VEC>
+__device__ __forceinline__ void store_floats(float* p, const float (&in)[VEC]) {
+  if constexpr (VEC % 4 == 0) {
+#pragma unroll
+    for (int k = 0; k < VEC; k += 4)
+      *reinterpret_cast<Pack<float, 4>*>(p + k) = Pack<float, 4>{{in[k], in[k + 1], in[k + 2], in[k + 3]}};
+  } else {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) p[k] = in[k];
+  }
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

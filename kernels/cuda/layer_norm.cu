@@ -218,11 +218,11 @@ __global__ void layer_norm_bwd(const T* __restrict__ dy, const T* __restrict__ x
     for (int s = 0; s < SLOTS; ++s) {
       const int v = tid + s * row_threads;
       if (v < nvec) {
+        float pg[VEC], pb[VEC];
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          dgamma_part[blockIdx.x * (long long)cols + v * VEC + k] = acc(s, k, false);
-          dbeta_part[blockIdx.x * (long long)cols + v * VEC + k] = acc(s, k, true);
-        }
+        for (int k = 0; k < VEC; ++k) { pg[k] = acc(s, k, false); pb[k] = acc(s, k, true); }
+        store_floats<VEC>(dgamma_part + blockIdx.x * (long long)cols + v * VEC, pg);
+        store_floats<VEC>(dbeta_part + blockIdx.x * (long long)cols + v * VEC, pb);
       }
     }
   }
