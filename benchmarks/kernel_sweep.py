@@ -35,14 +35,19 @@ UNCAPPED = 1 << 20  # blocks per multiprocessor: no cap, one grid-stride step (r
 
 # The LayerNorm backward's shapes beside the default, as (kind, slots, threads, blocks per SM cap,
 # RowLayout's variant fields): fewer threads with more slots, a cap on resident blocks, two rows per
-# iteration, dgamma/dbeta accumulated in shared memory, and register caps that buy resident blocks.
-# Each (slots, rows, shared_acc) is in runtime.BACKWARD_VARIANTS, which the nvcc check compiles.
+# iteration, dgamma/dbeta accumulated in shared memory, register caps that buy resident blocks, and
+# a warp per row with its accumulators in shared memory (no block barrier; on sm_90, 104 registers
+# uncapped: 4 blocks of 128 per multiprocessor, 16 rows in flight against the default's 8).
+# Each (warp, slots, rows, shared_acc) is in runtime.BACKWARD_VARIANTS, which the nvcc check compiles.
 LN_BWD = [("block", 1, 128, None, {}), ("block", 2, 64, None, {}), ("block", 1, 128, 4, {}),
           ("block", 1, 128, None, {"rows": 2}), ("block", 1, 128, None, {"rows": 2, "shared_acc": True}),
           ("block", 1, 128, None, {"shared_acc": True, "max_regs": 48}),
           ("block", 1, 128, None, {"shared_acc": True, "max_regs": 40}),
           ("block", 1, 128, None, {"rows": 2, "shared_acc": True, "max_regs": 64}),
-          ("block", 2, 64, None, {"rows": 2, "shared_acc": True, "max_regs": 128})]
+          ("block", 2, 64, None, {"rows": 2, "shared_acc": True, "max_regs": 128}),
+          ("warp", 4, 128, None, {"shared_acc": True}),
+          ("warp", 4, 128, None, {"shared_acc": True, "max_regs": 96}),
+          ("warp", 4, 64, None, {"shared_acc": True, "max_regs": 96})]
 
 
 def shape(file: str, kernel: str, dtype, vec: int, slots: int, warp: bool, threads: int, per_sm: int | None = None,

@@ -36,7 +36,7 @@ class FusedLayerNorm(torch.autograd.Function):
         dx = torch.empty_like(x)
         blocks = lay.grid(rows, runtime.multiprocessors(x.device))
         parts = torch.empty(2, blocks, cols, dtype=torch.float32, device=x.device)
-        shared = 4 * (2 * cols if lay.warp else 2 * lay.slots * lay.vec * lay.threads if lay.shared_acc else 0)
+        shared = runtime.backward_shared_bytes(lay, cols)
         runtime.launch(FILE, runtime.expression("layer_norm_bwd", x.dtype, lay), (blocks,), (lay.threads,),
                        (dy, x, weight, mean, rstd, dx, parts[0], parts[1], runtime.i64(rows), runtime.i32(cols)), shared_mem=shared,
                        max_regs=lay.max_regs)

@@ -132,9 +132,10 @@ class RowLayout:
     multiprocessor (from the compiled kernel's registers); launches are one such wave, grid-striding.
     `stream` (the LayerNorm forward): its variant that reads the affine parameters from cache for
     every row instead of holding them in registers, and keeps the next row's loads in flight.
-    `rows` and `shared_acc` (the LayerNorm backward, block layout): rows per iteration, and its
-    dgamma/dbeta accumulators in shared memory rather than registers. `max_regs`: a register cap
-    for the compiler (0: none), which buys resident blocks."""
+    `rows` (the LayerNorm backward, block layout): rows per iteration; `shared_acc` (the LayerNorm
+    backward): its dgamma/dbeta accumulators in shared memory rather than registers (with `warp`,
+    gamma read from cache too). `max_regs`: a register cap for the compiler (0: none), which buys
+    resident blocks."""
     vec: int
     slots: int
     warp: bool
@@ -183,13 +184,27 @@ def block_threads(nvec: int, slots: int) -> int:
 
 
 def resident(file: str, kernel: str, dtype: torch.dtype, lay: RowLayout, device: int = 0) -> RowLayout | None:
-    """The layout with `per_sm` set from the compiled kernel's registers; None when its block is
-    larger than the compiled kernel can launch."""
+    """The layout with `per_sm` set from the compiled kernel's registers (and shared accumulators);
+    None when its block is larger than the compiled kernel can launch."""
     compiled = _function(file, expression(kernel, dtype, lay), device, lay.max_regs)
     if lay.threads > compiled.max_threads_per_block:
         return None
     per_sm = max(1, min(2048 // lay.threads, 65536 // max(1, compiled.num_regs * lay.threads)))
+    if lay.shared_acc:  # the CUDA runtime reserves 1 KB of shared memory per block
+        per_sm = max(1, min(per_sm, _shared_per_sm(device) // (backward_shared_bytes(lay, 0) + 1024)))
     return dataclasses.replace(lay, per_sm=per_sm)
+
+
+def backward_shared_bytes(lay: RowLayout, cols: int) -> int:
+    """The LayerNorm backward's dynamic shared memory: its accumulators with `shared_acc`, else, a
+    warp per row, the block's dgamma and dbeta rows it folds its warps into."""
+    return 4 * (2 * lay.slots * lay.vec * lay.threads if lay.shared_acc else 2 * cols if lay.warp else 0)
+
+
+@functools.cache
+def _shared_per_sm(device: int) -> int:
+    import cupy
+    return cupy.cuda.Device(device).attributes["MaxSharedMemoryPerMultiprocessor"]
 
 
 def expression(kernel: str, dtype: torch.dtype, layout: RowLayout | int, *more: int | bool) -> str:
@@ -212,9 +227,11 @@ def multiprocessors(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
-# (slots, rows, shared accumulators) of the LayerNorm backward variants benchmarks/kernel_sweep.py
-# measures beside the wrappers' choice (compiled by the nvcc check like the layouts the wrappers pick)
-BACKWARD_VARIANTS = ((1, 2, False), (1, 2, True), (1, 1, True), (2, 2, True))
+# (warp per row, slots, rows, shared accumulators) of the LayerNorm backward variants
+# benchmarks/kernel_sweep.py measures beside the wrappers' choice (compiled by the nvcc check like the
+# layouts the wrappers pick)
+BACKWARD_VARIANTS = ((False, 1, 2, False), (False, 1, 2, True), (False, 1, 1, True), (False, 2, 2, True),
+                     (True, 2, 1, True), (True, 4, 1, True))
 
 
 def every_instantiation() -> dict[str, list[str]]:
@@ -237,7 +254,7 @@ def every_instantiation() -> dict[str, list[str]]:
                         out[f"{k}.cu"].append(expression(f"{k}_bwd", dtype, lay))
             out["layer_norm.cu"] += [expression("layer_norm_fwd", dtype, RowLayout(vec, s, True, 128, stream=True))
                                      for s in (2, 4)]  # row_layout's warp_slots=4 (the LayerNorm forward)
-            out["layer_norm.cu"] += [expression("layer_norm_bwd", dtype, RowLayout(vec, s, False, 0, rows=r, shared_acc=a))
-                                     for s, r, a in BACKWARD_VARIANTS]
+            out["layer_norm.cu"] += [expression("layer_norm_bwd", dtype, RowLayout(vec, s, w, 0, rows=r, shared_acc=a))
+                                     for w, s, r, a in BACKWARD_VARIANTS]
     out["minhash.cu"] = ["minhash_signatures"]  # dedup's signatures (tasks/dedup/gpu.py): integers only
     return out

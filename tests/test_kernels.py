@@ -168,6 +168,8 @@ def test_the_sweeps_layer_norm_backward_variants_are_in_the_nvcc_check():
             assert runtime.expression("layer_norm_bwd", dtype, lay) in listed, lay
     assert runtime.expression("layer_norm_bwd", torch.bfloat16, runtime.RowLayout(8, 1, False, 128, rows=2, shared_acc=True)) \
         == "layer_norm_bwd<bf16, 8, 1, false, 2, true>"
+    assert runtime.expression("layer_norm_bwd", torch.bfloat16, runtime.RowLayout(8, 4, True, 128, shared_acc=True)) \
+        == "layer_norm_bwd<bf16, 8, 4, true, 1, true>"
     with pytest.raises(ValueError, match="either streamed"):
         runtime.expression("layer_norm_fwd", torch.bfloat16, runtime.RowLayout(8, 4, True, 128, stream=True, rows=2))
 

@@ -94,35 +94,39 @@ __device__ __forceinline__ void add_to_shared(float* acc, const float (&part)[SL
   }
 }
 
-// Block layout only, both measured against the defaults by benchmarks/kernel_sweep.py: ROWS rows per
-// iteration (their loads in flight together, their four sums in one round of barriers), and
-// SHARED_ACC, this thread's dgamma/dbeta accumulators in shared memory instead of 2 * SLOTS * VEC
-// registers (more resident blocks). Laid out [slot][element][thread] there: conflict-free, and each
-// thread owns its entries, so they need no barrier.
+// Variants measured against the defaults by benchmarks/kernel_sweep.py. ROWS (block layout): rows per
+// iteration (their loads in flight together, their four sums in one round of barriers). SHARED_ACC:
+// this thread's dgamma/dbeta accumulators in shared memory instead of 2 * SLOTS * VEC registers (more
+// resident blocks), laid out [warp][slot][element][thread of the row] there: conflict-free, and each
+// thread owns its entries, so they need no barrier. With WARP, it is what makes a warp per row fit a
+// long row: gamma is then read from cache for every row, as the streamed forward does, and the row's
+// x and dy are all a lane holds; no block barrier is left in the row loop.
 template <typename T, int VEC, int SLOTS, bool WARP, int ROWS = 1, bool SHARED_ACC = false>
 __global__ void layer_norm_bwd(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ gamma,
                                const float* __restrict__ mean_in, const float* __restrict__ rstd_in,
                                T* __restrict__ dx, float* __restrict__ dgamma_part, float* __restrict__ dbeta_part,
                                long long rows, int cols) {
-  static_assert(!WARP || (ROWS == 1 && !SHARED_ACC), "ROWS and SHARED_ACC are for the block layout");
+  static_assert(!WARP || ROWS == 1, "ROWS is for the block layout");
   constexpr int ACC = SHARED_ACC ? 1 : SLOTS;  // register accumulators (unused with SHARED_ACC)
+  constexpr bool GAMMA_CACHED = WARP && SHARED_ACC;
   __shared__ float scratch[66 * ROWS];
-  // WARP: 2 * cols floats, the block's dgamma and dbeta; SHARED_ACC: 2 * SLOTS * VEC * blockDim.x
+  // SHARED_ACC: 2 * SLOTS * VEC * blockDim.x floats; else WARP: 2 * cols, the block's dgamma and dbeta
   extern __shared__ float block_acc[];
   const int tid = WARP ? (threadIdx.x & 31) : threadIdx.x;
   const int row_threads = WARP ? 32 : blockDim.x;
   const int rows_per_block = WARP ? (blockDim.x >> 5) : 1;
   const int nvec = cols / VEC;
   float g[SLOTS][VEC], ga[ACC][VEC], ba[ACC][VEC];
+  float* my_acc = block_acc + (WARP ? (threadIdx.x >> 5) * 2 * SLOTS * VEC * 32 : 0);  // this row's threads'
   // this thread's accumulators of element k of slot s: dgamma's (`beta` false) or dbeta's
   auto acc = [&](int s, int k, bool beta) -> float& {
-    if constexpr (SHARED_ACC) return block_acc[((beta ? SLOTS : 0) + s) * VEC * row_threads + k * row_threads + tid];
+    if constexpr (SHARED_ACC) return my_acc[((beta ? SLOTS : 0) + s) * VEC * row_threads + k * row_threads + tid];
     else return beta ? ba[s][k] : ga[s][k];
   };
 #pragma unroll
   for (int s = 0; s < SLOTS; ++s) {
     const int v = tid + s * row_threads;
-    if (v < nvec) load_vec<T, VEC>(gamma + v * VEC, g[s]);
+    if (!GAMMA_CACHED && v < nvec) load_vec<T, VEC>(gamma + v * VEC, g[s]);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) acc(s, k, false) = acc(s, k, true) = 0.f;
   }
@@ -146,6 +150,7 @@ __global__ void layer_norm_bwd(const T* __restrict__ dy, const T* __restrict__ x
     for (int s = 0; s < SLOTS; ++s) {
       const int v = tid + s * row_threads;
       if (v < nvec) {
+        if (GAMMA_CACHED) load_vec<T, VEC>(gamma + v * VEC, g[s]);
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
           // from the accumulator, not from 0: one rounding per product (fma), as for a single row
@@ -198,8 +203,23 @@ __global__ void layer_norm_bwd(const T* __restrict__ dy, const T* __restrict__ x
       }
     }
   }
-  if constexpr (WARP) {  // fold the block's warps together in shared memory, in warp order (the same sums
-                         // every run, as atomics would not give), before writing one partial row
+  if constexpr (WARP && SHARED_ACC) {  // the block's warps' accumulators added in warp order (the same
+                                      // sums every run, as atomics would not give) into one partial row
+    __syncthreads();
+    const int warps = blockDim.x >> 5;
+    for (int c = threadIdx.x; c < nvec * VEC; c += blockDim.x) {
+      const int v = c / VEC, k = c % VEC, lane = v & 31, s = v >> 5;
+      float pg = 0.f, pb = 0.f;
+      for (int w = 0; w < warps; ++w) {
+        const float* a = block_acc + w * 2 * SLOTS * VEC * 32;
+        pg += a[(s * VEC + k) * 32 + lane];
+        pb += a[((SLOTS + s) * VEC + k) * 32 + lane];
+      }
+      dgamma_part[blockIdx.x * (long long)cols + c] = pg;
+      dbeta_part[blockIdx.x * (long long)cols + c] = pb;
+    }
+  } else if constexpr (WARP) {  // fold the block's warps together in shared memory, in warp order (the same
+                                // sums every run, as atomics would not give), before writing one partial row
     for (int i = threadIdx.x; i < 2 * cols; i += blockDim.x) block_acc[i] = 0.f;
     for (int w = 0; w < rows_per_block; ++w) {
       __syncthreads();
