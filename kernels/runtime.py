@@ -152,21 +152,27 @@ class RowLayout:
 
 
 @functools.cache
-def row_layout(file: str, kernel: str, dtype: torch.dtype, cols: int, vec: int,
-               max_slots: int, device: int = 0, max_threads: int = 256, warp_slots: int = 1) -> RowLayout | None:
+def row_layout(file: str, kernel: str, dtype: torch.dtype, cols: int, vec: int, max_slots: int, device: int = 0,
+               max_threads: int = 256, warp_slots: int = 1, long_warp: str = "stream",
+               long_warp_regs: int = 0) -> RowLayout | None:
     """Rows of at most 32 vectors: a warp each, 8 warps per block (shuffle-only reductions). Up to
     32 * `warp_slots` vectors: a warp each still, that many slots per lane, 4 warps per block, in
-    the streamed variant (a row's registers leave no room for the affine parameters and the next
-    row's loads). Longer rows: a block each, of at most `max_threads` threads while more slots per
-    thread are allowed (more independent loads per thread, more blocks per multiprocessor), up to
-    1024 at `max_slots`. None when a row does not fit in registers (the reference path is used)."""
-    if warp_slots not in (1, 2, 4):  # the streamed warp layouts every_instantiation lists for the nvcc check
+    the variant `long_warp` names (a row's registers leave no room for the rest): "stream", the
+    forward's, which reads the affine parameters from cache and keeps the next row's loads in
+    flight, or "shared_acc", the LayerNorm backward's, with its accumulators in shared memory;
+    `long_warp_regs`: a register cap for it (0: none). Longer rows: a block each, of at most
+    `max_threads` threads while more slots per thread are allowed (more independent loads per
+    thread, more blocks per multiprocessor), up to 1024 at `max_slots`. None when a row does not
+    fit in registers (the reference path is used)."""
+    if warp_slots not in (1, 2, 4):  # the long-row warp layouts every_instantiation lists for the nvcc check
         raise ValueError(f"warp_slots must be 1, 2 or 4, not {warp_slots}")
+    if long_warp not in ("stream", "shared_acc"):
+        raise ValueError(f"long_warp must be 'stream' or 'shared_acc', not {long_warp!r}")
     nvec = cols // vec
     if nvec <= 32:
         lay = RowLayout(vec, 1, True, 256)
     elif nvec <= 32 * warp_slots:
-        lay = RowLayout(vec, 2 if nvec <= 64 else 4, True, 128, stream=True)
+        lay = RowLayout(vec, 2 if nvec <= 64 else 4, True, 128, max_regs=long_warp_regs, **{long_warp: True})
     else:
         for slots in (1, 2, 4, 8):
             if slots > max_slots:

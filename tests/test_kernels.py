@@ -178,3 +178,24 @@ def test_row_layout_refuses_warp_slots_the_nvcc_check_does_not_list():
     from kernels import runtime
     with pytest.raises(ValueError, match="warp_slots must be 1, 2 or 4"):
         runtime.row_layout("layer_norm.cu", "layer_norm_fwd", torch.float32, 1024, 4, 8, 0, warp_slots=8)
+    with pytest.raises(ValueError, match="long_warp must be 'stream' or 'shared_acc'"):
+        runtime.row_layout("layer_norm.cu", "layer_norm_bwd", torch.float32, 1024, 4, 4, 0, warp_slots=4, long_warp="x")
+
+
+def test_the_backwards_long_warp_layouts_are_in_the_nvcc_check(monkeypatch):
+    """Adopting the warp-per-row backward with shared accumulators (if the sweep picks it) is a change of
+    row_layout's arguments in kernels/layer_norm.py; every layout it then gives is compiled already."""
+    from kernels import runtime
+    monkeypatch.setattr(runtime, "resident", lambda file, kernel, dtype, lay, device=0: lay)
+    runtime.row_layout.cache_clear()
+    try:
+        listed = runtime.every_instantiation()["layer_norm.cu"]
+        for dtype in runtime.CUDA_TYPE:
+            vec = 16 // torch.tensor([], dtype=dtype).element_size()
+            for cols in range(vec * 33, vec * 129, vec):
+                lay = runtime.row_layout("layer_norm.cu", "layer_norm_bwd", dtype, cols, vec, 4, 0, warp_slots=4,
+                                         long_warp="shared_acc", long_warp_regs=96)
+                assert lay.warp and lay.shared_acc and not lay.stream and lay.max_regs == 96, lay
+                assert runtime.expression("layer_norm_bwd", dtype, lay) in listed, lay
+    finally:
+        runtime.row_layout.cache_clear()
