@@ -210,7 +210,7 @@ def backward_shared_bytes(lay: RowLayout, cols: int) -> int:
 @functools.cache
 def _shared_per_sm(device: int) -> int:
     import cupy
-    return cupy.cuda.Device(device).attributes["MaxSharedMemoryPerMultiprocessor"]
+    return cupy.cuda.runtime.deviceGetAttribute(81, device)  # cudaDevAttrMaxSharedMemoryPerMultiprocessor
 
 
 def expression(kernel: str, dtype: torch.dtype, layout: RowLayout | int, *more: int | bool) -> str:
