@@ -147,6 +147,48 @@ def test_a_refused_run_leaves_the_last_completion_as_it_was(blended):
         stats.write_bytes(kept) if kept is not None else stats.unlink()
 
 
+def test_a_profile_this_machine_cannot_train_is_refused_before_the_last_model_goes(blended):
+    """fp16 on CPU was refused by the pass, after the runner had removed stats.json and the model's marker:
+    the next stage refused to start, and the rerun after the fix relaunched the ranks to resume."""
+    if os.environ.get("DS_ACCELERATOR", "cpu") != "cpu":
+        pytest.skip("DeepSpeed trains fp16 here")
+    planted = {Path(blended) / "data/train" / name: f'{{"from": "the last run", "file": "{name}"}}'
+               for name in ("stats.json", "model.done.json")}
+    kept = {path: path.read_bytes() if path.exists() else None for path in planted}
+    try:
+        for path, text in planted.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        with pytest.raises(ConfigError, match="profile 'sample' trains in fp16, which DeepSpeed does not support on CPU"):
+            run_stage("train", params(blended, optim={"dtype": "fp16"}))
+        assert {path: path.read_text() for path in planted} == planted
+    finally:
+        for path, data in kept.items():
+            path.write_bytes(data) if data is not None else path.unlink()
+
+
+def test_a_model_done_for_these_parameters_is_reused_without_the_machine_check(blended, monkeypatch):
+    """A model trained elsewhere (its outputs pulled) is reused by a stage that must run again (here: its
+    stats.json gone) without this machine being able to train it."""
+    from tasks.train import profiles
+    p = params(blended)
+    run_stage("train", p)  # trained by the first test, or here
+    stats = Path(blended) / "data/train/stats.json"
+    kept = stats.read_bytes()
+
+    def cannot(*_):
+        raise ConfigError("this machine cannot train it")
+    monkeypatch.setattr(profiles, "check_launchable", cannot)
+    try:
+        stats.unlink()
+        again = run_stage("train", p)
+        assert [x["resumed"] for x in again["passes"]] == [1]
+    finally:
+        stats.write_bytes(kept)
+    with pytest.raises(ConfigError, match="this machine cannot train it"):  # a model to train: checked
+        run_stage("train", params(blended, schedule={"train_tokens": 0, "warmup_tokens": 32}))
+
+
 def test_a_profile_for_another_context_length_is_refused(blended):
     with pytest.raises(ConfigError, match="profile 'sample' is for seq_len 2048 but the blend's samples hold 16"):
         run_stage("train", params(blended, seq_len=2048))
@@ -160,7 +202,9 @@ def test_an_unknown_profile_is_a_configuration_error(tmp_path):
 def test_a_hostfile_with_other_slots_than_ranks_is_refused_before_launching(blended, tmp_path):
     (tmp_path / "hosts").write_text("node-a slots=8\nnode-b slots=8\n")
     with pytest.raises(ConfigError, match="has 16 slots on 2 host.s. but the layout has tp x pp x dp = 2 ranks"):
-        run_stage("train", params(blended, launch={"hostfile": str(tmp_path / "hosts")}))
+        # another warmup: a model to train (a model done for these parameters is reused without launching)
+        run_stage("train", params(blended, launch={"hostfile": str(tmp_path / "hosts")},
+                                  schedule={"train_tokens": 0, "warmup_tokens": 48}))
 
 
 def test_a_gpu_machine_is_checked_for_devices_and_memory():

@@ -18,7 +18,7 @@ from typing import Callable, Iterator
 from tasks.core import registry
 from tasks.core.config import PipelineParams
 from tasks.core.errors import CodeChanged, PipelineError, StageBusy, StageFailed, UnfinishedInput
-from tasks.core.identity import input_stat, recorded_for
+from tasks.core.identity import input_stat, read_json, recorded_for
 from tasks.core.passes import (PassLayout, Shard, atomic_write_text, digest, merge_stats, prune, remove_leftovers,
                                run_global, run_shard, shards_digest)
 from tasks.core.source import changed_since_loaded, loaded_code_digest
@@ -127,11 +127,27 @@ def _run_sharded(st: Stage, ps: ShardedPass, p: PipelineParams, ctx: Context, ma
     return shards, parts, shards_digest(parts, shards), summary
 
 
+def global_fingerprint(ps: GlobalPass, p: PipelineParams, ctx: Context) -> tuple[list[str], str]:
+    """A global pass's inputs and the fingerprint its marker must hold for its output to be reused."""
+    inputs = ps.inputs(p, ctx)
+    return inputs, digest([ps.params(p), inputs, input_stat(inputs), ctx.upstream()])
+
+
+def global_pass_marked_done(st: Stage, ps: GlobalPass, p: PipelineParams, ctx: Context) -> bool:
+    """Whether the stage's first pass, a global one, finds its marker for these params and inputs (a
+    stage's check can then leave out refusals only a rebuild meets: the run reuses the output, unless
+    its files changed since). `ctx`: the check's, which carries the stage's code."""
+    if ps is not st.passes[0]:
+        raise ValueError(f"stage {st.name}: {ps.name} is not its first pass")
+    out = st.pass_root(p.paths.data_dir, ps)
+    done = read_json(out.with_name(f"{out.name}.done.json"))
+    return bool(done) and out.is_dir() and done.get("fingerprint") == global_fingerprint(ps, p, ctx)[1]
+
+
 def _run_global(st: Stage, ps: GlobalPass, p: PipelineParams, ctx: Context, declared: DeclaredInputs):
     out = st.pass_root(p.paths.data_dir, ps)
-    inputs = ps.inputs(p, ctx)
+    inputs, fp = global_fingerprint(ps, p, ctx)
     declared.check(ps.name, inputs)
-    fp = digest([ps.params(p), inputs, input_stat(inputs), ctx.upstream()])
     with naming_changed_input(ctx, lambda: input_shard_files(ctx)):
         res = run_global(out, out.with_name(f"{out.name}.done.json"), lambda tmp: ps.build(tmp, p, ctx), fp)
     summary = {"kind": "global", "resumed": res["resumed"], "redone_corrupt": res.get("redone_corrupt", 0)}
@@ -176,7 +192,7 @@ def run_stage(name: str, p: PipelineParams, map_shards: MapShards = map_sequenti
         else:
             check_input_passes(before, source)
     if st.check is not None:
-        st.check(p, before)
+        st.check(p, replace(before, code=code))
     declared = DeclaredInputs(st, p.paths.data_dir, input_stage, other, lambda: st.other_inputs(p, before))
     root.mkdir(parents=True, exist_ok=True)
     stats_path(p, name).unlink(missing_ok=True)  # not complete until this run writes it again

@@ -20,7 +20,7 @@ from tasks.decontaminate.counting import build_frequent, count_shard, plan_count
 from tasks.decontaminate.matching import build_index, load_index
 from tasks.decontaminate.ngram_index import HASH_VERSION, NgramIndex
 from tasks.decontaminate.removal import plan_remove, remove_shard, report
-from tasks.evalsets.loaders import task_files
+from tasks.evalsets.loaders import check_task_files, task_files
 
 NAME = "decontaminate"
 
@@ -53,6 +53,7 @@ STAGE = Stage(
     suite="tasks.validation.decontaminate",
     report=report,
     other_inputs=lambda p, ctx: task_files(p.paths.benchmarks_dir),
+    check=lambda p, ctx: check_task_files(p.decontaminate.tasks, p.paths.benchmarks_dir),
 )
 
 

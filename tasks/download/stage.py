@@ -129,4 +129,5 @@ STAGE = Stage(
     input_is_remote=True,
     warnings=warnings,
     other_inputs=lambda p, ctx: [c.path for c in users_curated(p)],
+    check=lambda p, ctx: curated_shards(users_curated(p)),  # a missing, unknown or twice-listed file
 )

@@ -37,6 +37,16 @@ def _stderr(values: list[float]) -> float:
     return statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else float("nan")
 
 
+def check_shots(task: TaskData, shot_counts: list[int]) -> None:
+    """Each k-shot evaluation of the task can draw its shots (the refusal evaluate_task would meet)."""
+    docs, pool = render(task)
+    for k in shot_counts:
+        try:
+            fewshot_prefixes([], docs, pool, k, 0, task.name in DRAWS_ONE_MORE)
+        except ConfigError as e:
+            raise ConfigError(f"task {task.name}: {e}") from None
+
+
 def evaluate_task(scorer: Scorer, task: TaskData, shots: int, seed: int = 1234,
                   limit: int | None = None) -> list[dict]:
     """Rows of (task, shots, metric, value, stderr, n)."""

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from tasks.core.errors import ConfigError
 from tasks.core.passes import atomic_write_text
 from tasks.evalsets.loaders import load_task
 from tasks.evaluate.config import EvaluateParams
@@ -21,14 +22,17 @@ RESULTS, METRICS, REPORT = "results.json", "metrics.json", "report.md"
 PRIMARY = {"lambada": "acc"}  # Figure 3 reports accuracy for every task
 
 
-def _device(choice: str) -> str:
+def resolve_device(choice: str) -> str:
     import torch
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("evaluate.device: cuda, and torch finds no CUDA device here: use auto (a GPU where "
+                          "there is one) or cpu")
     return ("cuda" if torch.cuda.is_available() else "cpu") if choice == "auto" else choice
 
 
 def evaluate_model(lm: LoadedModel, cfg: EvaluateParams, benchmarks_dir: Path) -> tuple[list[dict], list[dict]]:
     """(metric rows, generations)."""
-    scorer = Scorer(lm, token_budget=cfg.token_budget, device=_device(cfg.device), progress=sys.stderr.isatty())
+    scorer = Scorer(lm, token_budget=cfg.token_budget, device=resolve_device(cfg.device), progress=sys.stderr.isatty())
     rows = []
     for name in cfg.tasks:
         shots = cfg.shot_counts(name)

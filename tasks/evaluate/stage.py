@@ -72,12 +72,16 @@ def check_tokenizer(ctx: Context) -> None:
 
 
 def check_inputs(p: PipelineParams, ctx: Context) -> None:
-    """The tokenizer is tokenize's, and every configured task's files load (a missing or malformed file is
-    refused before the stage's last results are removed)."""
+    """The device is there, the tokenizer is tokenize's, every configured task's files load and hold the
+    few-shot examples its shot counts draw (each refused before the stage's last results are removed)."""
     from tasks.evalsets.loaders import load_task
+    from tasks.evaluate.evaluator import check_shots
+    from tasks.evaluate.run import resolve_device
+    resolve_device(p.evaluate.device)
     check_tokenizer(ctx)
     for name in p.evaluate.tasks:
-        load_task(name, p.paths.benchmarks_dir, fewshot=any(p.evaluate.shot_counts(name)))
+        shots = p.evaluate.shot_counts(name)
+        check_shots(load_task(name, p.paths.benchmarks_dir, fewshot=any(shots)), shots)
 
 
 STAGE = Stage(

@@ -19,6 +19,8 @@ class LanguageRule(Strict):
 
     @model_validator(mode="after")
     def _codes(self):
+        if not self.keep:  # every document would be dropped, and the stages after it run on nothing
+            raise ValueError("keep: empty, which drops every document: list the languages to keep (e.g. [en])")
         bad = [k for k in self.keep if k not in LABELS and k != "unknown"]
         if bad:  # 'english', 'EN' or 'eng' would silently keep nothing
             raise ValueError(f"keep: {bad[0]!r} is not a language extract labels documents with (lid.176's labels: "

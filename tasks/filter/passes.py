@@ -59,11 +59,13 @@ def _present(seen) -> str:
 
 
 def check_classifier_names(p: PipelineParams, ctx: Context) -> None:
-    """The stage's declared check: a class of the classifier's training data none of whose datasets is
-    in the input is refused before the rules pass, not after it. Some names absent is allowed (one
-    params file for runs with and without a curated set): the stage's warnings name them.
-    Reads the `dataset` column only (dictionary-encoded: small)."""
+    """The stage's declared check: a model trained earlier that does not load, or a class of the
+    classifier's training data none of whose datasets is in the input, is refused before the rules pass,
+    not after it. Some names absent is allowed (one params file for runs with and without a curated
+    set): the stage's warnings name them. Reads the `dataset` column only (dictionary-encoded: small)."""
     c = p.filter.classifier
+    if c.enabled and c.model_path:  # a model trained earlier: it loads
+        QualityModel.load(c.model_path)
     if not c.enabled or c.model_path:
         return
     seen: set[str] = set()

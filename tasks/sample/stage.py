@@ -5,7 +5,7 @@ from pathlib import Path
 
 from tasks.core.config import PipelineParams
 from tasks.core.stage import Context, GlobalPass, Stage, fixed
-from tasks.evalsets.loaders import task_files
+from tasks.evalsets.loaders import TASK_NAMES, check_task_files, task_files
 from tasks.sample.generate import generate
 
 
@@ -24,4 +24,5 @@ STAGE = Stage(
     passes=(GlobalPass("corpus", build=_build, params=_params,
                        inputs=lambda p, ctx: task_files(p.paths.benchmarks_dir)),),
     other_inputs=lambda p, ctx: task_files(p.paths.benchmarks_dir),
+    check=lambda p, ctx: check_task_files(TASK_NAMES, p.paths.benchmarks_dir),  # it plants each task's passages
 )

@@ -63,6 +63,13 @@ def _user_tokenizer(p: PipelineParams, ctx: Context) -> list[str]:
     return [t.tokenizer_file] + ([t.merges_file] if t.merges_file else []) if t.tokenizer_file else []
 
 
+def _check_user_tokenizer(p: PipelineParams, ctx: Context) -> None:
+    """A user's tokenizer loads (the stage's declared check: refused before its last results go)."""
+    t = p.tokenize
+    if t.tokenizer_file:
+        tokenizer.load(Path(t.tokenizer_file), Path(t.merges_file) if t.merges_file else None)
+
+
 def _tokenizer_inputs(p: PipelineParams, ctx: Context) -> list[str]:
     """A user's files, or the input shards the tokenizer is trained on (their content is fingerprinted)."""
     return _user_tokenizer(p, ctx) or [str(f) for f in input_files(ctx)]
@@ -88,4 +95,5 @@ STAGE = Stage(
     suite="tasks.validation.tokenize",
     kept=("tokenizer", "datasets"),  # dvc.yaml outs: what train reads
     other_inputs=_user_tokenizer,
+    check=_check_user_tokenizer,
 )

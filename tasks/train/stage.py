@@ -190,7 +190,13 @@ def _clock(seconds: float) -> str:
 
 
 def _check(p: PipelineParams, ctx: Context) -> None:
-    check_run(p, ctx)
+    """check_run, and, where the run will train (its model is not done for these parameters and inputs),
+    whether this machine can launch it: a profile it cannot is refused before the last model's results go."""
+    from tasks.core.runner import global_pass_marked_done
+    from tasks.train.profiles import check_launchable
+    _, _, sized, _ = check_run(p, ctx)
+    if not global_pass_marked_done(STAGE, STAGE.output_pass(), p, ctx):
+        check_launchable(p.train, next(r for r in sized if r["profile"] == p.train.profile))
 
 
 def warnings(stats: dict, p: PipelineParams) -> list[str]:

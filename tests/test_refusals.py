@@ -1,0 +1,88 @@
+"""A stage run refused for a bad path or setting leaves the stage's last completion as it was: its
+stats.json and its first pass's marker. These refusals were met inside a pass, after the runner had removed
+both, so the next stage refused to start (exit 4) and the rerun after the fix redid the pass (found by a
+drill editing params.yaml as a user would). Each is now the stage's declared check."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tasks.core.config import parse_params
+from tasks.core.errors import ConfigError, InputFileError
+from tasks.core.runner import adopt_outputs, run_stage
+from tasks.core.schema import write_docs
+from tests.conftest import BENCHMARKS
+
+LAST = '{"stage": "%s", "from": "the last run"}'
+
+
+def doc(i: int) -> dict:
+    return {"id": f"d{i}", "text": f"document {i} " * 20, "dataset": "web", "url": "", "crawl": "", "lang": "en",
+            "lang_score": 1.0}
+
+
+def stage_with_a_last_run(data: Path, stage: str, marker: str | None, input_stage: str | None, p) -> dict[Path, str]:
+    """The input stage's shards adopted, and this stage's last completion planted: its files and texts."""
+    if input_stage is not None:
+        (data / input_stage / "shards").mkdir(parents=True)
+        write_docs(data / input_stage / "shards/s0.parquet", [doc(i) for i in range(3)])
+        adopt_outputs(p, input_stage)
+    planted = {data / stage / "stats.json": LAST % stage}
+    if marker:
+        planted[data / stage / marker] = json.dumps({"pass": marker, "fingerprint": "the last run's"})
+    for path, text in planted.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return planted
+
+
+CASES = {  # stage: (its input stage, its first pass's marker, bad settings, the error, its line)
+    "sample": (None, "corpus.done.json", {"paths": {"benchmarks_dir": "{tmp}/benchmarkz"}}, InputFileError,
+               "task 'lambada': benchmarks folder .*benchmarkz does not exist"),
+    # base_url on loopback: without the check, the pass's first request is refused here, and goes nowhere else
+    "download": (None, None, {"download": {"source": "commoncrawl", "base_url": "http://127.0.0.1:9", "retries": 0,
+                                           "curated": [{"path": "{tmp}/none/*.jsonl"}]}},
+                 ConfigError, r"download.curated: .*none/\*.jsonl does not exist"),
+    "filter": ("extract", None, {"filter": {"classifier": {"model_path": "{tmp}/model.npz"}}}, ConfigError,
+               "filter.classifier.model_path: .*model.npz is not a quality model"),
+    "decontaminate": ("extract", "index.done.json", {"decontaminate": {"input_stage": "extract"},
+                                                     "paths": {"benchmarks_dir": "{tmp}/benchmarkz"}},
+                      InputFileError, "task 'lambada': benchmarks folder .*benchmarkz does not exist"),
+    "tokenize": ("decontaminate", "tokenizer.done.json", {"tokenize": {"tokenizer_file": "{tmp}/tokenizer.json"}},
+                 InputFileError, "cannot load tokenizer from .*tokenizer.json"),
+}
+
+
+@pytest.mark.parametrize("stage", CASES)
+def test_a_bad_path_is_refused_before_the_last_completion_goes(tmp_path, stage):
+    input_stage, marker, bad, error, line = CASES[stage]
+    raw = json.loads(json.dumps(bad).replace("{tmp}", str(tmp_path)))
+    paths = {"data_dir": str(tmp_path / "data"), "benchmarks_dir": str(BENCHMARKS), **raw.pop("paths", {})}
+    p = parse_params({"paths": paths, **raw})
+    planted = stage_with_a_last_run(tmp_path / "data", stage, marker, input_stage, p)
+    with pytest.raises(error, match=line):
+        run_stage(stage, p)
+    assert {path: path.read_text() for path in planted} == planted
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here")
+def test_evaluate_refuses_cuda_without_one_and_more_shots_than_the_split_holds(tmp_path):
+    data = tmp_path / "data"
+    for stage, extra in (("train", ', "adopted": true'), ("evaluate", "")):  # a model made elsewhere
+        (data / stage).mkdir(parents=True)
+        (data / stage / "stats.json").write_text(f'{{"stage": "{stage}", "from": "the last run"{extra}}}')
+    for settings, line in (({"device": "cuda"}, "evaluate.device: cuda, and torch finds no CUDA device here"),
+                           ({"tasks": ["piqa"], "fewshot_k": {"piqa": 500_000}},
+                            "task piqa: 500000-shot needs 500001 few-shot examples, the few-shot split has 16113")):
+        p = parse_params({"paths": {"data_dir": str(data), "benchmarks_dir": str(BENCHMARKS)}, "evaluate": settings})
+        with pytest.raises(ConfigError, match=line):
+            run_stage("evaluate", p)
+        assert (data / "evaluate/stats.json").read_text() == LAST % "evaluate"
+
+
+def test_an_empty_language_list_is_refused():
+    with pytest.raises(ConfigError, match=r"filter.language: .*keep: empty, which drops every document"):
+        parse_params({"filter": {"language": {"keep": []}}})
