@@ -19,7 +19,7 @@ from flows.plots import data_uri, history_png
 from flows import command_line
 from flows.stages import DEFAULT_PARAMS, resolve
 from tasks.core import interrupts
-from tasks.core.config import PipelineParams, enter_project
+from tasks.core.config import PipelineParams, enter_project, load_params
 from tasks.core.errors import describe
 from tasks.core.stage import Context
 from tasks.evaluate import history as hist
@@ -118,6 +118,7 @@ def evaluate_checkpoints(params: PipelineParams = DEFAULT_PARAMS, params_file: s
 def main(argv: list[str]) -> int:
     try:
         params_file = enter_project(argv[0] if argv else "params.yaml")
+        load_params(params_file)  # a bad file fails with its one line before any Prefect server starts
         command_line.prepare()
         result = evaluate_checkpoints(params_file=params_file)
         interrupts.raise_if_requested()  # a Ctrl-C as the flow run ended, which Prefect drops: exit 130, not 0

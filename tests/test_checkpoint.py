@@ -129,3 +129,15 @@ def test_prune_takes_a_checkpoint_away_at_once(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-00000006", "step-00000008"]
     assert [name for name, _ in deleted] == [".pruned-step-00000001", ".pruned-step-00000002", ".pruned-step-00000004"]
     assert "step-00000002" not in deleted[1][1] and "step-00000004" not in deleted[2][1]  # gone before deleted
+
+
+def test_export_of_what_is_not_a_checkpoint_is_one_line(tmp_path, capsys):
+    """It was `I/O error: ... meta.json` (exit 1); `tasks.evaluate.run` says the same mistake as exit 2."""
+    from trainer.export import main
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf/config.json").write_text("{}")
+    for folder, line in ((tmp_path / "nosuch", "no such folder"),
+                         (tmp_path / "hf", "not a checkpoint (no meta.json): a Hugging Face model, exported already")):
+        assert main([str(folder), str(tmp_path / "out")]) == 2
+        assert capsys.readouterr().err == f"input file error: {folder}: {line}\n"
+    assert not (tmp_path / "out").exists()

@@ -341,3 +341,17 @@ def test_a_checkpoint_pruned_as_its_files_are_opened_is_skipped_not_called_damag
     new = history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, tmp_path / "history", {})
     assert [e["step"] for e in new] == [20]
     assert f"{ckpts / 'step-00000010'} was removed or moved while being evaluated" in capsys.readouterr().err
+
+
+def test_the_command_refuses_a_bad_params_file_in_one_line_before_any_server(tmp_path):
+    """It printed Prefect's 30-line report of the flow's exception, after starting a temporary server."""
+    import subprocess
+    import sys
+    from tests.conftest import REPO
+    (tmp_path / "params.yaml").write_text("evaluate: {taks: [boolq]}\n")
+    for args, line in (([str(tmp_path / "nope.yaml")], "configuration error: "),
+                       ([str(tmp_path / "params.yaml")], f"configuration error: {tmp_path}/params.yaml: evaluate.taks: ")):
+        out = subprocess.run([sys.executable, "-m", "flows.eval_schedule", *args], cwd=REPO, capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 2 and len(out.stderr.splitlines()) == 1 and out.stderr.startswith(line), out.stderr
+        assert "temporary server" not in out.stdout + out.stderr

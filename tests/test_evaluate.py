@@ -287,3 +287,15 @@ def test_the_stage_warns_of_few_shot_prompts_cut_to_the_window(tmp_path):
     results.write_text(json.dumps({"rows": [{**row, "cut": 39}, {**row, "shots": 0, "cut": 0}]}))
     assert warnings({}, p) == ["few-shot prompts cut to the model's window, their shots lost, so these scores are not "
                                "k-shot ones: lambada 15-shot (39 of 40)"]
+
+
+def test_the_lineage_cli_refuses_what_is_not_a_results_file_in_one_line(tmp_path, capsys):
+    from tasks.evaluate.provenance import main
+    (tmp_path / "params.yaml").write_text("paths: {}\n")
+    (tmp_path / "other.json").write_text('{"a": 1}')
+    for path, line in ((tmp_path / "nosuch.json", "no such file (an evaluation's results.json)"),
+                       (tmp_path, "a folder, not an evaluation's results.json"),
+                       (tmp_path / "params.yaml", "not JSON (Expecting value: line 1 column 1 (char 0))"),
+                       (tmp_path / "other.json", "not an evaluation's results.json (it has no rows)")):
+        assert main([str(path), "boolq", "acc"]) == 2
+        assert capsys.readouterr().err == f"input file error: {path}: {line}\n"

@@ -78,6 +78,11 @@ def state_from_gpt2(get, p: ModelParams) -> dict[str, torch.Tensor]:
 
 
 def export(checkpoint: Path, out: Path, tokenizer: Path | None = None) -> Path:
+    if not (Path(checkpoint) / "meta.json").is_file():  # a typo, or a Hugging Face folder (exported already)
+        from tasks.core.errors import InputFileError
+        what = "no such folder" if not Path(checkpoint).exists() else "not a checkpoint (no meta.json)" + (
+            ": a Hugging Face model, exported already" if (Path(checkpoint) / "config.json").is_file() else "")
+        raise InputFileError(f"{checkpoint}: {what}")
     meta = read_meta(checkpoint)
     p = ModelParams(**meta["model"])
     tensors = Tensors(checkpoint)

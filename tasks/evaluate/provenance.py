@@ -16,6 +16,8 @@ from pathlib import Path
 
 import yaml
 
+from tasks.core.errors import InputFileError, PipelineError, describe
+
 DATA_STAGES = ("sample", "download", "extract", "filter", "dedup", "decontaminate", "tokenize", "train")
 
 
@@ -94,11 +96,31 @@ def lineage(results: dict, task: str | None = None, metric: str | None = None) -
     return lines
 
 
+def read_results(path: Path) -> dict:
+    """An evaluation's results.json (the stage's, or `tasks.evaluate.run`'s); anything else is one line."""
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputFileError(f"{path}: no such file (an evaluation's results.json)") from None
+    except IsADirectoryError:
+        raise InputFileError(f"{path}: a folder, not an evaluation's results.json") from None
+    except (UnicodeDecodeError, ValueError) as e:
+        raise InputFileError(f"{path}: not JSON ({e})") from None
+    if not isinstance(results, dict) or not isinstance(results.get("rows"), list):
+        raise InputFileError(f"{path}: not an evaluation's results.json (it has no rows)")
+    return results
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__, file=sys.stderr)
         return 2
-    results = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    try:
+        results = read_results(Path(argv[0]))
+    except PipelineError as e:
+        code, line = describe(e)
+        print(line, file=sys.stderr)
+        return code
     for key, wanted in zip(("task", "metric"), argv[1:3]):  # the metric among the chosen task's rows
         known = sorted({r[key] for r in results["rows"] if key == "task" or r["task"] == argv[1]})
         if wanted not in known:
