@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -87,12 +88,15 @@ def _training_docs(p: PipelineParams, ctx: Context) -> dict[str, list[str]]:
     c = p.filter.classifier
     picks: dict[str, list[tuple[float, str, bool]]] = {"pos": [], "neg": []}
     seen: set[str] = set()
+    dropped: Counter[str] = Counter()  # the rules' reasons for the positives' documents they dropped
     for f in _ruled(ctx):
         t = pq.read_table(f, columns=["id", "dataset", "reason"])
         ids, ds, reason = t.column("id").to_pylist(), t.column("dataset").to_pylist(), t.column("reason").to_pylist()
         seen.update(ds)
         rank, held = unit(c.seed, ids, "train"), unit(c.seed, ids, "holdout") < c.holdout
         for i in range(len(ids)):
+            if ds[i] in c.positives and reason[i]:
+                dropped[reason[i]] += 1
             cls = "pos" if ds[i] in c.positives and not reason[i] else "neg" if ds[i] in c.negatives else None
             if cls:
                 picks[cls].append((rank[i], ids[i], bool(held[i])))
@@ -100,8 +104,8 @@ def _training_docs(p: PipelineParams, ctx: Context) -> dict[str, list[str]]:
         if not picks[cls]:
             raise ConfigError(f"filter.classifier: no {'positive' if cls == 'pos' else 'negative'} documents: "
                               f"{', '.join(names) or '(none listed)'} "
-                              + ("are all dropped by the rules (their reasons: the rules pass's `dropped` in stats.json)"
-                                 if names else _present(seen)))
+                              + ("are all dropped by the rules (" + ", ".join(f"{r}: {n:,}" for r, n in dropped.most_common(3))
+                                 + ")" if cls == "pos" and dropped else _present(seen)))
     chosen = {}
     for cls in picks:
         for _, i, h in sorted(picks[cls])[:c.max_train_docs]:
