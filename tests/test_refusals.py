@@ -86,3 +86,26 @@ def test_evaluate_refuses_cuda_without_one_and_more_shots_than_the_split_holds(t
 def test_an_empty_language_list_is_refused():
     with pytest.raises(ConfigError, match=r"filter.language: .*keep: empty, which drops every document"):
         parse_params({"filter": {"language": {"keep": []}}})
+
+
+def test_a_pass_that_fails_before_it_changes_anything_leaves_the_last_completion(tmp_path, monkeypatch):
+    """Any refusal, not only the declared checks': stats.json goes at a stage's first change to its outputs
+    (a global pass's swap, a sharded pass's first shard), not when the run starts."""
+    import tasks.sample.stage as sample
+    from tasks.download.http_fetch import DownloadError
+    p = parse_params({"paths": {"data_dir": str(tmp_path / "data"), "benchmarks_dir": str(BENCHMARKS)},
+                      "download": {"source": "commoncrawl", "base_url": "http://127.0.0.1:9", "retries": 0}})
+
+    def refuses(*_):
+        raise ConfigError("a refusal met inside the build")
+    monkeypatch.setattr(sample, "generate", refuses)
+    planted = stage_with_a_last_run(tmp_path / "data", "sample", "corpus.done.json", None, p)
+    (tmp_path / "data/sample/corpus").mkdir()  # the last run's output, beside its marker
+    with pytest.raises(ConfigError, match="a refusal met inside the build"):
+        run_stage("sample", p)
+    assert {path: path.read_text() for path in planted} == planted and (tmp_path / "data/sample/corpus").is_dir()
+    # a sharded pass refused while planning (Common Crawl's listing unreachable): before any shard changed
+    planted = stage_with_a_last_run(tmp_path / "data", "download", None, None, p)
+    with pytest.raises(DownloadError, match="warc.paths.gz: failed after 1 attempts"):
+        run_stage("download", p)
+    assert {path: path.read_text() for path in planted} == planted

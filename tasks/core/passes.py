@@ -302,16 +302,17 @@ def _remove_tree(path: Path) -> None:
 GlobalFn = Callable[[Path], dict]
 
 
-def run_global(out: Path, marker: Path, fn: GlobalFn, fp: str) -> dict:
+def run_global(out: Path, marker: Path, fn: GlobalFn, fp: str, before_change: Callable[[], None] = lambda: None) -> dict:
     """Run `fn(tmp_folder) -> report` unless a valid marker says `out` is done; the folder is
-    built beside `out` and swapped in whole, then the marker (with every file's sha256) follows."""
+    built beside `out` and swapped in whole, then the marker (with every file's sha256) follows.
+    `before_change` is called once `fn` has succeeded, before `out` or its marker changes: a build that
+    fails (a refusal, an interrupt) leaves the last output and its marker as they were."""
     done = read_json(marker) if marker.exists() and out.is_dir() else None
     corrupt = 0
     if done and done.get("fingerprint") == fp:
         if tree_files(out) == done.get("files"):
             return {"report": done.get("report", {}), "digest": done["digest"], "seconds": 0.0, "resumed": 1}
         corrupt = 1
-    marker.unlink(missing_ok=True)
     start = time.perf_counter()
     tmp, old = tmp_name(out), tmp_name(out.with_name(out.name + "-old"))
     tmp.mkdir(parents=True)
@@ -322,6 +323,8 @@ def run_global(out: Path, marker: Path, fn: GlobalFn, fp: str) -> dict:
             if f.is_file():
                 with open(f, "rb+") as fh:
                     os.fsync(fh.fileno())
+        before_change()
+        marker.unlink(missing_ok=True)  # a kill from here to the new marker: no marker, rebuilt next time
         if out.exists():
             os.rename(out, old)  # a kill here leaves no `out` and no marker: redone next time
         os.rename(tmp, out)

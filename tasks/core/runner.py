@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import time
 import uuid
@@ -109,12 +110,13 @@ def stage_lock(p: PipelineParams, name: str) -> Iterator[None]:
 
 
 def _run_sharded(st: Stage, ps: ShardedPass, p: PipelineParams, ctx: Context, map_shards: MapShards,
-                 declared: DeclaredInputs):
+                 declared: DeclaredInputs, changing: Callable[[], None]):
     layout = PassLayout(st.pass_root(p.paths.data_dir, ps))
     layout.prepare()
     shards = ps.plan(p, ctx)
     # each input once: every shard of dedup's bucket pass lists every signature file
     declared.check(ps.name, dict.fromkeys(i for s in shards for i in s.inputs))
+    changing()  # the shards are committed by the workers, each as it finishes: before the first of them
     parts = map_shards(st.name, ps.name, p, shards, ctx)
     prune(layout, shards)
     failed = [x["failed"] for x in parts if x.get("failed")]
@@ -144,12 +146,14 @@ def global_pass_marked_done(st: Stage, ps: GlobalPass, p: PipelineParams, ctx: C
     return bool(done) and out.is_dir() and done.get("fingerprint") == global_fingerprint(ps, p, ctx)[1]
 
 
-def _run_global(st: Stage, ps: GlobalPass, p: PipelineParams, ctx: Context, declared: DeclaredInputs):
+def _run_global(st: Stage, ps: GlobalPass, p: PipelineParams, ctx: Context, declared: DeclaredInputs,
+                changing: Callable[[], None]):
     out = st.pass_root(p.paths.data_dir, ps)
     inputs, fp = global_fingerprint(ps, p, ctx)
     declared.check(ps.name, inputs)
     with naming_changed_input(ctx, lambda: input_shard_files(ctx)):
-        res = run_global(out, out.with_name(f"{out.name}.done.json"), lambda tmp: ps.build(tmp, p, ctx), fp)
+        res = run_global(out, out.with_name(f"{out.name}.done.json"), lambda tmp: ps.build(tmp, p, ctx), fp,
+                         before_change=changing)
     summary = {"kind": "global", "resumed": res["resumed"], "redone_corrupt": res.get("redone_corrupt", 0)}
     return res["report"], res["digest"], summary
 
@@ -195,7 +199,9 @@ def run_stage(name: str, p: PipelineParams, map_shards: MapShards = map_sequenti
         st.check(p, replace(before, code=code))
     declared = DeclaredInputs(st, p.paths.data_dir, input_stage, other, lambda: st.other_inputs(p, before))
     root.mkdir(parents=True, exist_ok=True)
-    stats_path(p, name).unlink(missing_ok=True)  # not complete until this run writes it again
+    # not complete from the first change to its outputs until this run writes stats.json again; a run
+    # refused before that (a pass's own refusal, before it commits anything) leaves the last completion
+    changing = functools.partial(_not_complete, stats_path(p, name), [])
     remove_leftovers(root)
     start = time.perf_counter()
     passes, reports, docs = [], {}, None
@@ -204,10 +210,10 @@ def run_stage(name: str, p: PipelineParams, map_shards: MapShards = map_sequenti
         for ps in st.passes:
             t0 = time.perf_counter()
             if isinstance(ps, ShardedPass):
-                shards, parts, dig, summary = _run_sharded(st, ps, p, ctx, map_shards, declared)
+                shards, parts, dig, summary = _run_sharded(st, ps, p, ctx, map_shards, declared, changing)
                 docs = (shards, parts)  # the last sharded pass's documents are the stage's counts
             else:
-                report, dig, summary = _run_global(st, ps, p, ctx, declared)
+                report, dig, summary = _run_global(st, ps, p, ctx, declared, changing)
                 reports.update(report)
             passes.append({"name": ps.name, **summary, "seconds": round(time.perf_counter() - t0, 3)})
             ctx = replace(ctx, digests={**ctx.digests, ps.name: dig})
@@ -229,6 +235,13 @@ def run_stage(name: str, p: PipelineParams, map_shards: MapShards = map_sequenti
         stats["validation"] = {"success": None, "pending": True}
     atomic_write_text(stats_path(p, name), json.dumps(stats, indent=2, sort_keys=True) + "\n")
     return stats
+
+
+def _not_complete(stats: Path, done: list) -> None:
+    """The stage's stats.json removed, once per run."""
+    if not done:
+        stats.unlink(missing_ok=True)
+        done.append(True)
 
 
 def _restore_plots(st: Stage, root: Path, stats: dict) -> None:
