@@ -51,21 +51,30 @@ def map_with_prefect(stage: str, pass_name: str, p: PipelineParams, shards: list
         return [f.result() for f in futures]
 
 
-def params_yaml_defaults() -> PipelineParams:
+def params_yaml_defaults() -> tuple[PipelineParams, ConfigError | None]:
     """params.yaml as the flows' default `params`: read when this module is imported, so the UI's
     custom-run form opens filled in (at deploy time) and a quick run reads it fresh (each run of a
-    process worker starts a new process). Unreadable: the models' defaults."""
+    process worker starts a new process). Unreadable: the models' defaults, and why (resolve refuses
+    a run that would take them for params.yaml's)."""
     try:
-        return load_params("params.yaml")
-    except ConfigError:
-        return PipelineParams()
+        return load_params("params.yaml"), None
+    except ConfigError as e:
+        return PipelineParams(), e
 
 
-DEFAULT_PARAMS = params_yaml_defaults()
+DEFAULT_PARAMS, PARAMS_YAML_ERROR = params_yaml_defaults()
 
 
 def resolve(params: PipelineParams, params_file: str | None) -> PipelineParams:
-    return load_params(params_file) if params_file else params
+    """The run's parameters: `params_file` read, else `params`. A quick run (the default params) while
+    params.yaml does not read is refused with its error: it ran on the models' defaults, without a word
+    (a 270-billion-token training run, moving the real run aside)."""
+    if params_file:
+        return load_params(params_file)
+    if PARAMS_YAML_ERROR is not None and params == DEFAULT_PARAMS:
+        raise ConfigError(f"{PARAMS_YAML_ERROR} (a quick run reads params.yaml: fix it, or give the run its "
+                          f"parameters)")
+    return params
 
 
 def run_stage_flow(stage: str, p: PipelineParams) -> dict:

@@ -109,3 +109,24 @@ def test_a_pass_that_fails_before_it_changes_anything_leaves_the_last_completion
     with pytest.raises(DownloadError, match="warc.paths.gz: failed after 1 attempts"):
         run_stage("download", p)
     assert {path: path.read_text() for path in planted} == planted
+
+
+def test_a_quick_run_refuses_a_params_yaml_that_does_not_read(tmp_path):
+    """A UI quick run (the flows' default params) with a broken params.yaml ran on the models' defaults,
+    without a word: it redid stages at vocabulary 50257 and began a 270-billion-token training run."""
+    import os
+    import subprocess
+    import sys
+    from tests.conftest import REPO
+    (tmp_path / "params.yaml").write_text("download:\n  retries: 50\n")
+    code = ("from flows.stages import DEFAULT_PARAMS, resolve\n"
+            "from tasks.core.errors import describe\n"
+            "try:\n    resolve(DEFAULT_PARAMS, None)\nexcept Exception as e:\n    print(describe(e)[1])\n"
+            "custom = DEFAULT_PARAMS.model_copy(update={'download': DEFAULT_PARAMS.download.model_copy(update={'retries': 3})})\n"
+            "print(resolve(custom, None).download.retries)")  # a custom run, its parameters given: taken
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.stdout.splitlines()[0] == (
+        "configuration error: params.yaml: download.retries: Input should be less than or equal to 20 (got 50) "
+        "(a quick run reads params.yaml: fix it, or give the run its parameters)"), out.stdout + out.stderr
+    assert out.stdout.splitlines()[1] == "3"
