@@ -201,7 +201,7 @@ def run_stage(name: str, p: PipelineParams, map_shards: MapShards = map_sequenti
     root.mkdir(parents=True, exist_ok=True)
     # not complete from the first change to its outputs until this run writes stats.json again; a run
     # refused before that (a pass's own refusal, before it commits anything) leaves the last completion
-    changing = functools.partial(_not_complete, stats_path(p, name), [])
+    changing = functools.partial(stats_path(p, name).unlink, missing_ok=True)  # each pass calls it: idempotent
     remove_leftovers(root)
     start = time.perf_counter()
     passes, reports, docs = [], {}, None
@@ -235,13 +235,6 @@ def run_stage(name: str, p: PipelineParams, map_shards: MapShards = map_sequenti
         stats["validation"] = {"success": None, "pending": True}
     atomic_write_text(stats_path(p, name), json.dumps(stats, indent=2, sort_keys=True) + "\n")
     return stats
-
-
-def _not_complete(stats: Path, done: list) -> None:
-    """The stage's stats.json removed, once per run."""
-    if not done:
-        stats.unlink(missing_ok=True)
-        done.append(True)
 
 
 def _restore_plots(st: Stage, root: Path, stats: dict) -> None:

@@ -313,29 +313,31 @@ LOADERS: dict[str, Callable[[Path, bool], TaskData]] = {
 }
 
 
-def load_task(name: str, root: str | Path, fewshot: bool = False) -> TaskData:
+def _task_root(name: str, root: str | Path) -> Path:
+    """The benchmarks folder, for a task this module knows."""
     if name not in LOADERS:
         raise TaskFileError(f"unknown task '{name}'; known: {', '.join(TASK_NAMES)}")
     root = Path(root)
     if not root.is_dir():
         raise TaskFileError(f"task '{name}': benchmarks folder {root} does not exist")
-    return LOADERS[name](root, fewshot)
+    return root
+
+
+def load_task(name: str, root: str | Path, fewshot: bool = False) -> TaskData:
+    return LOADERS[name](_task_root(name, root), fewshot)
 
 
 def check_task_files(names, root: str | Path) -> None:
     """Each task's evaluation files are where load_task reads them (their contents are checked when
     loaded): a stage's declared check, refusing a mistyped benchmarks folder before its last results go."""
     for name in names:
-        if name not in LOADERS:
-            raise TaskFileError(f"unknown task '{name}'; known: {', '.join(TASK_NAMES)}")
-        if not Path(root).is_dir():
-            raise TaskFileError(f"task '{name}': benchmarks folder {root} does not exist")
+        folder = _task_root(name, root)
         for rel in TASK_FILES[name]:
             if "*" in rel:
-                if not any(Path(root).glob(rel)):
-                    raise _err(name, Path(root) / rel, "no file matches")
+                if not any(folder.glob(rel)):
+                    raise _err(name, folder / rel, "no file matches")
             else:
-                _need(name, Path(root), rel)
+                _need(name, folder, rel)
 
 
 def load_tasks(names: tuple[str, ...] | list[str], root: str | Path, fewshot: bool = False) -> list[TaskData]:

@@ -104,7 +104,7 @@ def read_results(path: Path) -> dict:
         raise InputFileError(f"{path}: no such file (an evaluation's results.json)") from None
     except IsADirectoryError:
         raise InputFileError(f"{path}: a folder, not an evaluation's results.json") from None
-    except (UnicodeDecodeError, ValueError) as e:
+    except ValueError as e:  # UnicodeDecodeError too
         raise InputFileError(f"{path}: not JSON ({e})") from None
     if not isinstance(results, dict) or not isinstance(results.get("rows"), list):
         raise InputFileError(f"{path}: not an evaluation's results.json (it has no rows)")
