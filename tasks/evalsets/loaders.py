@@ -324,7 +324,8 @@ def _task_root(name: str, root: str | Path) -> Path:
 
 
 def load_task(name: str, root: str | Path, fewshot: bool = False) -> TaskData:
-    return LOADERS[name](_task_root(name, root), fewshot)
+    folder = _task_root(name, root)  # first: it refuses an unknown name in one line
+    return LOADERS[name](folder, fewshot)
 
 
 def check_task_files(names, root: str | Path) -> None:
