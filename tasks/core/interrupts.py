@@ -50,6 +50,9 @@ class _State:
     exit_within_s = EXIT_WITHIN_S
     code = 130  # 128 + the signal that asked the run to stop: SIGINT, or SIGTERM (143)
     hook_code = None  # the unraisable hook's code, where an interrupt must not be raised
+    # what a finalizer dropped, when it was not a KeyboardInterrupt (Prefect's TerminationSignal): raised again
+    # as it was, so the flow run is recorded as aborted by a termination signal, not by an interrupt
+    owed_exc = None
 
 
 _LOGGING_LOCK_WINDOWS = {"acquire", "_acquireLock"}  # Handler.acquire() / _acquireLock(), then `try:`
@@ -99,7 +102,7 @@ def raise_if_requested() -> None:
     """After a call into code that may have dropped the interrupt (a Prefect flow run)."""
     if _requested.is_set():
         _State.owed = False  # paid here: a SIGINT this module still has on its way is not raised again
-        raise KeyboardInterrupt
+        raise _pay()
 
 
 def stops_the_run(kind: type[BaseException]) -> bool:
@@ -127,7 +130,13 @@ def _on_sigint(signum, frame) -> None:
         _resend_later()
         return
     _State.owed = False
-    raise KeyboardInterrupt
+    raise _pay()
+
+
+def _pay() -> BaseException:
+    """The exception that stops the run: the one a finalizer dropped, or KeyboardInterrupt."""
+    exc, _State.owed_exc = _State.owed_exc, None
+    return exc.with_traceback(None) if exc is not None else KeyboardInterrupt()
 
 
 def _in_lock_window(frame) -> bool:
@@ -179,11 +188,13 @@ def _raise_lost_interrupts() -> None:
 
     def hook(unraisable) -> None:
         # Prefect's SIGTERM handler, in place during a flow run, raises TerminationSignal: dropped the same way
-        # (a run went on to exit 0), it is asked for again as the Ctrl-C path's interrupt, with SIGTERM's code
+        # (a run went on to exit 0), it is asked for again through the Ctrl-C path, with SIGTERM's code, and
+        # raised again as itself (as a KeyboardInterrupt, Prefect recorded "aborted by an interrupt signal")
         if stops_the_run(unraisable.exc_type) and threading.current_thread() is threading.main_thread() \
                 and not getattr(threading, "_SHUTTING_DOWN", False):  # at exit: reported, as Python does
             if not issubclass(unraisable.exc_type, KeyboardInterrupt):
                 _State.code = 128 + signal.SIGTERM
+                _State.owed_exc = unraisable.exc_value
             _State.owed = True
             _resend_later()
             return
