@@ -1,6 +1,7 @@
 """Shared fixtures. Environment set before Prefect/GX import: no analytics, temp PREFECT_HOME."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -86,17 +87,15 @@ def free_port() -> int:  # a port no other test's bind(0) or connection is hande
     return below_the_ephemeral_range()
 
 
-@pytest.fixture(scope="session")
-def server(tmp_path_factory):
-    """A real `prefect server start` on 127.0.0.1, one for the session (its start is ~15 s), stopped by its pid."""
-    home = tmp_path_factory.mktemp("prefect-server-home")
+@contextlib.contextmanager
+def prefect_server(home: Path, **settings: str):
+    """A real `prefect server start` on 127.0.0.1 with its home in `home` and these settings; yields its
+    environment (PREFECT_API_URL ...); stopped by its pid."""
+    home.mkdir(parents=True, exist_ok=True)
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": api, "PREFECT_UI_URL": f"http://127.0.0.1:{port}",
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PATH": f"{BIN}:{os.environ['PATH']}",
-           # the tests trigger every run themselves; the scheduler would add runs of the deployed */30
-           # evaluation schedule, which a `worker --run-once` near :00 or :30 picks up beside the test's own
-           "PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED": "false"}
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PATH": f"{BIN}:{os.environ['PATH']}", **settings}
     log = open(home / "server.log", "w")
     proc = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -118,3 +117,13 @@ def server(tmp_path_factory):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
         log.close()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    """A real `prefect server start` on 127.0.0.1, one for the session (its start is ~15 s), stopped by its pid.
+    The tests trigger every run themselves; the scheduler would add runs of the deployed */30 evaluation
+    schedule, which a `worker --run-once` near :00 or :30 picks up beside the test's own."""
+    with prefect_server(tmp_path_factory.mktemp("prefect-server-home"),
+                        PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED="false") as env:
+        yield env

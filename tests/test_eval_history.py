@@ -355,3 +355,40 @@ def test_the_command_refuses_a_bad_params_file_in_one_line_before_any_server(tmp
                              text=True, timeout=300)
         assert out.returncode == 2 and len(out.stderr.splitlines()) == 1 and out.stderr.startswith(line), out.stderr
         assert "temporary server" not in out.stdout + out.stderr
+
+
+SCHEDULE_CHECK = """
+import asyncio, datetime, sys, time
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import DeploymentScheduleCreate
+from prefect.client.schemas.schedules import IntervalSchedule
+
+async def main():
+    async with get_client() as c:
+        flow = await c.create_flow_from_name("schedule-check")
+        every = IntervalSchedule(interval=datetime.timedelta(minutes=30))
+        dep = await c.create_deployment(flow_id=flow, name="recurring", entrypoint="none.py:none",
+                                        schedules=[DeploymentScheduleCreate(schedule=every, active=True)])
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            if [r for r in await c.read_flow_runs() if r.deployment_id == dep]:
+                return print("scheduled")
+            await asyncio.sleep(1)
+        print("no run scheduled")
+asyncio.run(main())
+"""
+
+
+def test_the_servers_scheduler_creates_the_runs_of_a_schedule(tmp_path):
+    """Prefect 3.8's scheduler inserts runs through hybrid properties that SQLAlchemy 2.1 refuses to
+    bulk-insert ("Can't evaluate bulk DML statement"): every loop failed, and the */30 evaluation never
+    ran (an operator drill under `make ui`). pyproject.toml keeps SQLAlchemy below 2.1."""
+    import subprocess
+    import sys
+    from tests.conftest import prefect_server
+    with prefect_server(tmp_path / "home", PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS="2") as env:
+        out = subprocess.run([sys.executable, "-c", SCHEDULE_CHECK], env=env, capture_output=True, text=True,
+                             timeout=300)
+    log = (tmp_path / "home/server.log").read_text()
+    assert out.stdout.strip() == "scheduled", out.stdout + out.stderr + log[-3000:]
+    assert "bulk DML" not in log
