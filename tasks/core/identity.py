@@ -112,6 +112,11 @@ def remembered_sha256(path: Path) -> str | None:
     return sha
 
 
+def done_marker(folder: Path) -> Path:
+    """A global pass's completion marker, beside the folder it wrote (tasks.core.passes)."""
+    return folder.with_name(f"{folder.name}.done.json")
+
+
 def recorded_sha256(path: Path, st: os.stat_result) -> tuple[str, bool] | None:
     """The sha256 a pass recorded for the file it wrote at `path`, and whether it still stands for the
     file: whether the file is no newer than the record. The record is a sharded pass's completion marker
@@ -124,7 +129,7 @@ def recorded_sha256(path: Path, st: os.stat_result) -> tuple[str, bool] | None:
         if r is not None:
             return (r["sha256"], _not_newer(st, stamp)) if r.get("bytes") == st.st_size else None
     for folder in (f for f in path.parents if f.name):  # not "/" or ".": no name, no pass
-        done = folder.with_name(folder.name + ".done.json")
+        done = done_marker(folder)
         if done.is_file():
             files, stamp = _cached(done, lambda f: ((read_json(f) or {}).get("files", {}), f.stat().st_mtime_ns)) \
                 or ({}, 0)

@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 from tasks.core import registry
 from tasks.core.config import PipelineParams
 from tasks.core.errors import CodeChanged, PipelineError, StageBusy, StageFailed, UnfinishedInput
-from tasks.core.identity import input_stat, read_json, recorded_for
+from tasks.core.identity import done_marker, input_stat, read_json, recorded_for
 from tasks.core.passes import (PassLayout, Shard, atomic_write_text, digest, merge_stats, prune, remove_leftovers,
                                run_global, run_shard, shards_digest)
 from tasks.core.source import changed_since_loaded, loaded_code_digest
@@ -142,7 +142,7 @@ def global_pass_marked_done(st: Stage, ps: GlobalPass, p: PipelineParams, ctx: C
     if ps is not st.passes[0]:
         raise ValueError(f"stage {st.name}: {ps.name} is not its first pass")
     out = st.pass_root(p.paths.data_dir, ps)
-    done = read_json(out.with_name(f"{out.name}.done.json"))
+    done = read_json(done_marker(out))
     return bool(done) and out.is_dir() and done.get("fingerprint") == global_fingerprint(ps, p, ctx)[1]
 
 
@@ -152,7 +152,7 @@ def _run_global(st: Stage, ps: GlobalPass, p: PipelineParams, ctx: Context, decl
     inputs, fp = global_fingerprint(ps, p, ctx)
     declared.check(ps.name, inputs)
     with naming_changed_input(ctx, lambda: input_shard_files(ctx)):
-        res = run_global(out, out.with_name(f"{out.name}.done.json"), lambda tmp: ps.build(tmp, p, ctx), fp,
+        res = run_global(out, done_marker(out), lambda tmp: ps.build(tmp, p, ctx), fp,
                          before_change=changing)
     summary = {"kind": "global", "resumed": res["resumed"], "redone_corrupt": res.get("redone_corrupt", 0)}
     return res["report"], res["digest"], summary

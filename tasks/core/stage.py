@@ -106,6 +106,7 @@ def check_input_passes(ctx: "Context", input_stage: "Stage", names: tuple[str, .
     training run, an evaluation) read it whole anyway. Markers are DVC outputs beside the folders (dvc.yaml).
     `input_stage` may be another stage than the context's input (evaluate reads tokenize's tokenizer too)."""
     from tasks.core.errors import UnfinishedInput
+    from tasks.core.identity import done_marker
     from tasks.core.passes import global_output_change
 
     source = input_stage.name
@@ -115,7 +116,7 @@ def check_input_passes(ctx: "Context", input_stage: "Stage", names: tuple[str, .
     for ps in input_stage.passes:
         if isinstance(ps, GlobalPass) and (names is None or ps.name in names):
             out = input_stage.pass_root(ctx.data_dir, ps)
-            change = global_output_change(out, out.with_name(f"{out.name}.done.json"))
+            change = global_output_change(out, done_marker(out))
             if change is not None:
                 kind, path = change
                 what = {"missing": f"{path} of stage '{source}' is missing",

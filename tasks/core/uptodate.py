@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Callable
 
 from tasks.core.config import PipelineParams
-from tasks.core.identity import input_stat, read_json, records_by_output
+from tasks.core.identity import done_marker, input_stat, read_json, records_by_output
 from tasks.core.passes import digest
 from tasks.core.stage import Context, Pass, ShardedPass, Stage
 
@@ -56,7 +56,7 @@ def _recorded(st: Stage, data_dir: str | Path, ps: Pass) -> dict[str, str] | Non
     root = st.pass_root(data_dir, ps)
     if isinstance(ps, ShardedPass):
         return {name: r.get("sha256") for name, (r, _) in records_by_output(root / "completions").items()}
-    done = read_json(root.with_name(f"{root.name}.done.json"))
+    done = read_json(done_marker(root))
     return None if done is None else dict(done.get("files", {}))
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from tasks.core.config import PipelineParams
+from tasks.core.identity import done_marker
 from tasks.core.stage import Context, GlobalPass, ShardedPass, Stage
 from tasks.decontaminate.counting import build_frequent, count_shard, plan_count
 from tasks.decontaminate.matching import build_index, load_index
@@ -60,6 +61,6 @@ STAGE = Stage(
 def finished_index(data_dir: str | Path) -> tuple[NgramIndex, np.ndarray]:
     """The index and the ignored (frequent) entries a finished run left on disk."""
     ctx = Context(NAME, str(data_dir))
-    marker = ctx.pass_dir("index").with_name("index.done.json")
+    marker = done_marker(ctx.pass_dir("index"))
     digest = json.loads(marker.read_text(encoding="utf-8"))["digest"]
     return load_index(ctx.pass_dir("index"), digest), np.load(ctx.pass_dir("frequent") / "frequent.npy")

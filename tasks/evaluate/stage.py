@@ -63,11 +63,12 @@ def check_tokenizer(ctx: Context) -> None:
     and an evaluation with another would score other tokens under the model's name. The stage and the
     scheduled evaluation of checkpoints both check it. A tokenizer no tokenize run wrote (no marker: put
     there by hand with a model trained elsewhere) is taken as it is, as adopted outputs are."""
+    from tasks.core.identity import done_marker
     from tasks.core.registry import stage
     from tasks.core.stage import check_input_passes
     tokenize = stage("tokenize")
     out = tokenize.pass_root(ctx.data_dir, next(ps for ps in tokenize.passes if ps.name == "tokenizer"))
-    if out.with_name(f"{out.name}.done.json").is_file():
+    if done_marker(out).is_file():
         check_input_passes(ctx, tokenize, ("tokenizer",))
 
 
