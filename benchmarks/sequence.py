@@ -4,8 +4,9 @@
 
 A kill of make reaches this process alone (make passes SIGTERM on to its child, and the Makefile
 execs this): it passes the signal on to the step in progress and to everything that step started
-(its own process group: torchrun ranks, servers), waits for them, and stops with one line, exit
-128 + the signal. The shell loop it replaces died of the signal and left the benchmark running.
+(its own process group: torchrun ranks, servers), waits for all of them (what still runs 30 s later
+is killed), and stops with one line, exit 128 + the signal. The shell loop it replaces died of the
+signal and left the benchmark running.
 `make gpu-check` runs its steps through the same `run` (benchmarks/gpu_check.py)."""
 from __future__ import annotations
 
@@ -15,9 +16,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+
+GROUP_EXIT_S = 30.0  # how long what a stopped step started may take to end before it is killed
 
 # every benchmark, in the order of the README's Benchmarks section
 BENCHMARKS = ("extract", "langid", "decontam", "filter", "filter_agreement", "dedup", "blend", "train", "resume",
@@ -69,11 +73,38 @@ def _run_one(step: Step, forwarder: _Forwarder) -> int:
                                            start_new_session=True)
         if forwarder.received:  # arrived between the check before this step and its start
             forwarder.forward(forwarder.received)
-        return forwarder.child.wait()
+        code = forwarder.child.wait()
+        if forwarder.received:  # what the step started (ranks, servers) may outlive it: waited for as well
+            _wait_for_group(forwarder.child.pid, GROUP_EXIT_S)
+        return code
     finally:
         forwarder.child = None
         if out:
             out.close()
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of the group still runs (an exited one not yet reaped does not count)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _ppid, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, IndexError, ValueError):  # gone meanwhile
+            continue
+        if int(group) == pgid and state != "Z":
+            return True
+    return False
+
+
+def _wait_for_group(pgid: int, within_s: float) -> None:
+    """Until the stopped step's group has ended (its grandchildren wrote to the same terminal after the
+    line that says the sequence stopped, or were still running when it exited); killed after `within_s`."""
+    deadline = time.monotonic() + within_s
+    while _group_alive(pgid):
+        if time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+            return
+        time.sleep(0.05)
 
 
 def _print_tail(step: Step) -> None:

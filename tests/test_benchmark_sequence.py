@@ -66,14 +66,30 @@ def alive(pid: int) -> bool:
         return f.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_stops_the_step_in_progress_and_what_it_started(tmp_path, signum):
-    """The step starts a grandchild that would outlive it; the signal must reach both, and the next
-    step must not start."""
+# the step's child: `stop` runs on SIGINT/SIGTERM ("slow": a second of shutdown, then a line on the shared
+# stderr, as torchrun's ranks take; "deaf": ignores them); it says "ready" once its handlers are in place
+GRANDCHILD = """
+import signal, sys, time
+def stop(*_):
+    time.sleep(1)
+    sys.stderr.write("grandchild stopped\\n")
+    sys.exit(0)
+handler = stop if sys.argv[1] == "slow" else signal.SIG_IGN
+signal.signal(signal.SIGINT, handler)
+signal.signal(signal.SIGTERM, handler)
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def start_runner(tmp_path, grandchild: str, group_exit_s: float = sequence.GROUP_EXIT_S):
+    """The sequence of two steps in a process of its own; the first step's pid and its child's, once both
+    are in place."""
     pids, marker = tmp_path / "pids", tmp_path / "second-step-ran"
     first = py(f"""
         import os, subprocess, sys, time
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        child = subprocess.Popen([sys.executable, "-c", {GRANDCHILD!r}, {grandchild!r}], stdout=subprocess.PIPE)
+        child.stdout.readline()
         open({str(pids)!r}, "w").write(f"{{os.getpid()}} {{child.pid}}")
         time.sleep(600)
         """)
@@ -81,29 +97,52 @@ def test_a_signal_stops_the_step_in_progress_and_what_it_started(tmp_path, signu
     runner = subprocess.Popen(
         py(f"""
             import sys
-            from benchmarks.sequence import Step, run
-            sys.exit(run([Step("sleeps", {first!r}), Step("marks", {second!r})]))
+            from benchmarks import sequence
+            sequence.GROUP_EXIT_S = {group_exit_s}
+            sys.exit(sequence.run([sequence.Step("sleeps", {first!r}), sequence.Step("marks", {second!r})]))
             """),
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    started: list[int] = []
+    deadline = time.monotonic() + 120
+    while not (pids.exists() and len(pids.read_text().split()) == 2) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return runner, [int(p) for p in pids.read_text().split()], marker
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_the_step_in_progress_and_what_it_started(tmp_path, signum):
+    """The step starts a grandchild that would outlive it; the signal must reach both, the sequence must
+    wait for both before its line (a grandchild's last words came after it), and the next step must not start."""
+    runner, started = None, []
     try:
-        deadline = time.monotonic() + 120
-        while not (pids.exists() and len(pids.read_text().split()) == 2) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        started = [int(p) for p in pids.read_text().split()]
+        runner, started, marker = start_runner(tmp_path, "slow")
         runner.send_signal(signum)
         out, err = runner.communicate(timeout=120)
         assert runner.returncode == 128 + signum, err
-        assert err.strip().splitlines()[-1] == \
+        lines = err.strip().splitlines()
+        assert "grandchild stopped" in lines and lines[-1] == \
             f"interrupted ({signal.Signals(signum).name}): sleeps stopped; the steps after it not run", err
-        deadline = time.monotonic() + 60
-        while any(map(alive, started)) and time.monotonic() < deadline:
-            time.sleep(0.05)
         assert not any(map(alive, started))
         assert not marker.exists()
     finally:
+        stop_all(runner, started)
+
+
+def test_what_a_stopped_step_started_and_does_not_end_is_killed(tmp_path):
+    runner, started = None, []
+    try:
+        runner, started, _ = start_runner(tmp_path, "deaf", group_exit_s=1)
+        runner.send_signal(signal.SIGTERM)
+        out, err = runner.communicate(timeout=120)
+        assert runner.returncode == 128 + signal.SIGTERM, err
+        assert not any(map(alive, started)), "the deaf grandchild outlived the sequence"
+    finally:
+        stop_all(runner, started)
+
+
+def stop_all(runner, pids) -> None:
+    if runner is not None:
         with contextlib.suppress(ProcessLookupError):
             runner.kill()
-        for pid in started:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
