@@ -64,10 +64,10 @@ deploy: install
 	PREFECT_API_URL=http://127.0.0.1:$(PORT)/api $(VENV)/bin/prefect work-pool create local-process --type process --overwrite
 	PWD="$(CURDIR)" PREFECT_API_URL=http://127.0.0.1:$(PORT)/api $(VENV)/bin/prefect --no-prompt deploy --all
 
-## A worker that executes runs triggered from the UI.
+## A worker that executes runs triggered from the UI (flows/worker.py: stoppable by SIGTERM in the background too).
 worker: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" PREFECT_API_URL=http://127.0.0.1:$(PORT)/api PREFECT_UI_URL=http://127.0.0.1:$(PORT) \
-	exec $(VENV)/bin/prefect worker start --pool local-process
+	exec $(PY) -m flows.worker
 
 ## Every benchmark's last line (README "Benchmarks"), after installing the references they compare with
 ## (lm-evaluation-harness, datatrove; Django and Sphinx for their translations). Without a GPU the kernel

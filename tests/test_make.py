@@ -6,23 +6,29 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import BIN, free_port
+from tests.conftest import BIN, free_port, prefect_server
 from tests.project_copy import copy_project
 from tests.test_prefect import TrickleHandler, children, cmdline, running, slow_crawl  # noqa: F401 - a fixture
 
 
-def make(target: str, repo: Path, log: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
-    """`make -o install <target>` in a project copy with this checkout's venv (installed already)."""
+def make(target: str, repo: Path, log: Path, *args: str, env: dict | None = None,
+         in_the_background: bool = False) -> subprocess.Popen:
+    """`make -o install <target>` in a project copy with this checkout's venv (installed already).
+    `in_the_background`: with SIGINT ignored, as a shell starts a background job (`make worker &`) or nohup."""
     env = {k: v for k, v in (env or os.environ).items() if k not in ("PREFECT_API_URL", "MAKEFLAGS", "MAKELEVEL")}
+    argv = ["make", "-o", "install", target, f"VENV={BIN.parent}", *args]
+    if in_the_background:  # make's pid stays the process's: exec, not a child
+        argv = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                "os.execvp(sys.argv[1], sys.argv[1:])", *argv]
     with open(log, "wb") as out:
-        return subprocess.Popen(["make", "-o", "install", target, f"VENV={BIN.parent}", *args], cwd=repo, env=env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(argv, cwd=repo, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def answers(url: str) -> bool:
@@ -123,6 +129,27 @@ def test_kill_of_make_ui_stops_both_servers(tmp_path):
         assert not answers(api) and not answers(docs)
     finally:
         kill_left(proc, started)
+
+
+def test_kill_of_make_worker_started_in_the_background_stops_the_worker(tmp_path):
+    """Prefect's worker answers SIGTERM by sending itself SIGINT, which a background job ignores: the worker
+    ran on, executing scheduled runs, after `kill <make's pid>` (an operator drill)."""
+    with prefect_server(tmp_path / "home") as server:
+        port = server["PREFECT_API_URL"].split(":")[-1].split("/")[0]
+        log = tmp_path / "worker.log"
+        proc = make("worker", copy_project(tmp_path / "repo"), log, f"PORT={port}", in_the_background=True,
+                    env={**os.environ, "PREFECT_HOME": str(tmp_path / "home")})
+        started = []
+        try:
+            deadline = time.monotonic() + 180
+            while proc.poll() is None and time.monotonic() < deadline and b"started!" not in log.read_bytes():
+                time.sleep(0.2)
+            assert proc.poll() is None and b"started!" in log.read_bytes(), log.read_text()[-3000:]
+            started = [proc.pid, *descendants(proc.pid)]
+            text = kill_make(proc, log, started)
+            assert "Sending SIGKILL" not in text  # stopped by the first SIGTERM, not killed by a second
+        finally:
+            kill_left(proc, started)
 
 
 def test_kill_of_make_bench_stops_the_benchmark_and_its_ranks(tmp_path):
