@@ -17,10 +17,10 @@ from prefect.artifacts import create_markdown_artifact
 
 from flows.plots import data_uri, history_png
 from flows import command_line
-from flows.stages import DEFAULT_PARAMS, resolve
+from flows.stages import DEFAULT_PARAMS, failed, resolve
 from tasks.core import interrupts
 from tasks.core.config import PipelineParams, enter_project, load_params
-from tasks.core.errors import describe
+from tasks.core.errors import describe, exit_code_of
 from tasks.core.stage import Context
 from tasks.evaluate import history as hist
 from tasks.evaluate import provenance
@@ -76,6 +76,14 @@ def evaluate_checkpoints(params: PipelineParams = DEFAULT_PARAMS, params_file: s
         history_dir: Where the per-checkpoint results and history.jsonl go; empty:
             `<paths.data_dir>/evaluate/history`.
     """
+    try:
+        return _evaluate_checkpoints(params, params_file, checkpoints_dir, history_dir)
+    except Exception as e:  # the run fails with its one line, as a stage's does (the traceback: debug log)
+        return failed(e)
+
+
+def _evaluate_checkpoints(params: PipelineParams, params_file: str | None, checkpoints_dir: str,
+                          history_dir: str) -> dict:
     from prefect.runtime import flow_run
     p = resolve(params, params_file)
     if flow_run.id:  # the results cite the flow run that made them
@@ -120,9 +128,14 @@ def main(argv: list[str]) -> int:
         params_file = enter_project(argv[0] if argv else "params.yaml")
         load_params(params_file)  # a bad file fails with its one line before any Prefect server starts
         command_line.prepare()
-        result = evaluate_checkpoints(params_file=params_file)
+        state = evaluate_checkpoints(params_file=params_file, return_state=True)
         interrupts.raise_if_requested()  # a Ctrl-C as the flow run ended, which Prefect drops: exit 130, not 0
-        print(result)
+        if not state.is_completed():
+            if interrupts.requested():  # a Ctrl-C that an import turned into an error
+                return _interrupted()
+            print(state.message, file=sys.stderr)
+            return exit_code_of(state.message or "")
+        print(state.result())
     except Exception as e:  # noqa: BLE001
         if interrupts.requested():  # a Ctrl-C that an import turned into an error
             return _interrupted()

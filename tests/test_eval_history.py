@@ -357,6 +357,20 @@ def test_the_command_refuses_a_bad_params_file_in_one_line_before_any_server(tmp
         assert "temporary server" not in out.stdout + out.stderr
 
 
+def test_the_command_meeting_another_evaluation_says_so_in_one_line(tmp_path, server):
+    """Its line came after Prefect's 23-line report of the flow's exception, which the UI's run log showed as
+    well (an operator drill: a command-line pass while a scheduled run evaluated)."""
+    import subprocess
+    import sys
+    repo = copy_project(tmp_path / "repo")
+    with history._lock(repo / "data" / "evaluate" / "history"):  # the other evaluation, in progress
+        out = subprocess.run([sys.executable, "-m", "flows.eval_schedule", "params.yaml"], cwd=repo, env=server,
+                             capture_output=True, text=True, timeout=300)
+    line = "stage busy: another evaluation of data/evaluate/history is running"
+    assert out.returncode == 1 and out.stderr.strip().splitlines()[-1] == line, out.stdout + out.stderr
+    assert "Traceback" not in out.stdout + out.stderr, out.stdout + out.stderr
+
+
 SCHEDULE_CHECK = """
 import asyncio, datetime, sys, time
 from prefect.client.orchestration import get_client
