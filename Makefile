@@ -64,7 +64,7 @@ deploy: install
 	PREFECT_API_URL=http://127.0.0.1:$(PORT)/api $(VENV)/bin/prefect work-pool create local-process --type process --overwrite
 	PWD="$(CURDIR)" PREFECT_API_URL=http://127.0.0.1:$(PORT)/api $(VENV)/bin/prefect --no-prompt deploy --all
 
-## A worker that executes runs triggered from the UI (flows/worker.py: stoppable by SIGTERM in the background too).
+## A worker that executes runs triggered from the UI (flows/worker.py: a stop also stops its runs, recorded as crashed).
 worker: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" PREFECT_API_URL=http://127.0.0.1:$(PORT)/api PREFECT_UI_URL=http://127.0.0.1:$(PORT) \
 	exec $(PY) -m flows.worker

@@ -1,29 +1,108 @@
-"""`make worker`: Prefect's process worker for prefect.yaml's deployments, which SIGTERM stops.
+"""`make worker`: Prefect's process worker for prefect.yaml's deployments, which Ctrl-C and SIGTERM stop
+with the runs it is executing recorded as crashed.
 
     python -m flows.worker [prefect worker start options ...]
 
-Prefect's worker answers SIGTERM by sending itself SIGINT, whose KeyboardInterrupt ends it. A process
-started with SIGINT ignored keeps it ignored (a shell's background job, `make worker &`, nohup), and
-Python then leaves it so: the SIGINT did nothing and the worker ran on, executing scheduled runs minutes
-after `kill <make's pid>` (an operator drill), until a second SIGTERM, which Prefect turns into SIGKILL.
-A shell cannot give an ignored signal back its default, so this does, and then becomes the worker.
+Two things went wrong with `prefect worker start` run directly (operator drills):
+- Prefect's worker answers SIGTERM by sending itself SIGINT. Started with SIGINT ignored (a shell's
+  background job, `make worker &`, nohup), that did nothing: the worker ran on, executing scheduled runs,
+  after `kill <make's pid>`, until a second SIGTERM, which Prefect turns into SIGKILL.
+- A worker that stops kills the runs it is executing with SIGKILL (anyio, as its task group is
+  cancelled): they never recorded an end, and the UI showed them Running for good.
+
+So the worker runs here as a child in a session of its own (a terminal's Ctrl-C reaches this process
+alone), with SIGINT at its default. On Ctrl-C or SIGTERM, each run it is executing gets SIGTERM first,
+as a cancel from the UI does: the run stops its shards and ranks and is recorded as Crashed ("aborted by
+a termination signal"; a rerun resumes it). Then the worker gets its SIGINT. A kill -9 of this process
+still stops the worker and its runs (tasks.core.lifeline's watcher).
 """
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 POOL = "local-process"  # prefect.yaml's work_pool for every deployment; `make deploy` creates it
+RUNS_STOP_WITHIN_S = 60.0  # a run's clean stop takes seconds (shards 5 s, ranks ~2 s); then it is killed
+WORKER_STOPS_WITHIN_S = 30.0
 
 
-def main(argv: list[str]) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)  # kept across exec: Python then installs its KeyboardInterrupt
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+_received: list[int] = []  # the signals that asked the worker to stop, in order
+
+
+def _record(signum, _frame) -> None:
+    _received.append(signum)
+
+
+def flow_runs(worker: int) -> list[int]:
+    """The processes executing the worker's runs: its children running `prefect.engine`."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            if ppid == worker and b"prefect.engine" in (stat.parent / "cmdline").read_bytes():
+                found.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):  # gone meanwhile
+            continue
+    return found
+
+
+def _stop_runs(worker: int, within_s: float) -> int:
+    """SIGTERM to each run the worker is executing, SIGKILL to what is left after `within_s`; how many."""
+    runs = flow_runs(worker)
+    count = len(runs)
+    for pid in runs:
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + within_s
+    while (runs := [p for p in runs if _running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in runs:
+        _signal(pid, signal.SIGKILL)
+    return count
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def main(argv: list[str]) -> int:
+    from tasks.core import lifeline
     prefect = str(Path(sys.executable).with_name("prefect"))
-    os.execv(prefect, [prefect, "worker", "start", "--pool", POOL, *argv])
+    # handlers, not SIG_IGN: across exec a handled signal is back at its default, so the worker's Python
+    # installs its KeyboardInterrupt, whatever this process was started with
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _record)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    lifeline.guard_descendants()
+    worker = subprocess.Popen([prefect, "worker", "start", "--pool", POOL, *argv], start_new_session=True)
+    while worker.poll() is None and not _received:
+        time.sleep(0.2)
+    if not _received:
+        return worker.returncode
+    stopped = _stop_runs(worker.pid, RUNS_STOP_WITHIN_S)
+    worker.send_signal(signal.SIGINT)
+    try:
+        worker.wait(timeout=WORKER_STOPS_WITHIN_S)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        worker.wait()
+    runs = f"; {stopped} run(s) it was executing stopped, recorded as crashed: rerun to resume" if stopped else ""
+    print(f"worker stopped ({signal.Signals(_received[0]).name}){runs}", file=sys.stderr, flush=True)
+    return 128 + _received[0]
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))

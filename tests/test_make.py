@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import BIN, free_port, prefect_server
 from tests.project_copy import copy_project
-from tests.test_prefect import TrickleHandler, children, cmdline, running, slow_crawl  # noqa: F401 - a fixture
+from tests.test_prefect import TrickleHandler, api, children, cmdline, run, running, slow_crawl  # noqa: F401 - a fixture
 
 
 def make(target: str, repo: Path, log: Path, *args: str, env: dict | None = None,
@@ -131,23 +131,33 @@ def test_kill_of_make_ui_stops_both_servers(tmp_path):
         kill_left(proc, started)
 
 
-def test_kill_of_make_worker_started_in_the_background_stops_the_worker(tmp_path):
-    """Prefect's worker answers SIGTERM by sending itself SIGINT, which a background job ignores: the worker
-    ran on, executing scheduled runs, after `kill <make's pid>` (an operator drill)."""
+def test_kill_of_make_worker_stops_it_and_records_its_run_as_crashed(tmp_path):
+    """Two defects of an operator drill. Prefect's worker answers SIGTERM by sending itself SIGINT, which a
+    background job ignores: the worker ran on, executing scheduled runs, after `kill <make's pid>`. And a
+    worker that stopped killed the runs it was executing with SIGKILL: the UI showed them Running for good."""
     with prefect_server(tmp_path / "home") as server:
+        repo = copy_project(tmp_path / "repo")
+        run([str(BIN / "prefect"), "work-pool", "create", "local-process", "--type", "process"], repo, server)
+        run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all"], repo, {**server, "PWD": str(repo)})
         port = server["PREFECT_API_URL"].split(":")[-1].split("/")[0]
         log = tmp_path / "worker.log"
-        proc = make("worker", copy_project(tmp_path / "repo"), log, f"PORT={port}", in_the_background=True,
+        proc = make("worker", repo, log, f"PORT={port}", in_the_background=True,
                     env={**os.environ, "PREFECT_HOME": str(tmp_path / "home")})
         started = []
         try:
-            deadline = time.monotonic() + 180
-            while proc.poll() is None and time.monotonic() < deadline and b"started!" not in log.read_bytes():
+            dep = api(server, "/deployments/name/pretraining-pipeline/sample")
+            flow_run = api(server, f"/deployments/{dep['id']}/create_flow_run", {})  # the UI's Run button
+            deadline = time.monotonic() + 240
+            while proc.poll() is None and time.monotonic() < deadline and b"Beginning flow run" not in log.read_bytes():
                 time.sleep(0.2)
-            assert proc.poll() is None and b"started!" in log.read_bytes(), log.read_text()[-3000:]
+            assert api(server, f"/flow_runs/{flow_run['id']}")["state_type"] == "RUNNING", log.read_text()[-3000:]
             started = [proc.pid, *descendants(proc.pid)]
             text = kill_make(proc, log, started)
             assert "Sending SIGKILL" not in text  # stopped by the first SIGTERM, not killed by a second
+            assert "worker stopped (SIGTERM); 1 run(s) it was executing stopped" in text, text[-3000:]
+            state = api(server, f"/flow_runs/{flow_run['id']}")
+            assert (state["state_type"], state["state"]["message"]) == \
+                ("CRASHED", "Execution was aborted by a termination signal."), text[-3000:]
         finally:
             kill_left(proc, started)
 
