@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -27,10 +28,18 @@ from tests.test_dvc import dvc, ran
 
 
 def api(env: dict, path: str, body: dict | None = None):
+    """One call of the server's REST API. A 503 is tried again, as Prefect's own client does: the server
+    answers it when its SQLite database was busy (a loaded CI machine), and nothing was written."""
     req = urllib.request.Request(env["PREFECT_API_URL"] + path, method="POST" if body is not None else "GET",
                                  data=json.dumps(body).encode() if body is not None else None,
                                  headers={"Content-Type": "application/json"})
-    return json.loads(urllib.request.urlopen(req, timeout=30).read())
+    for wait in (1, 2, 4, 8, 0):
+        try:
+            return json.loads(urllib.request.urlopen(req, timeout=30).read())
+        except urllib.error.HTTPError as e:
+            if e.code != 503 or not wait:
+                raise
+            time.sleep(wait)
 
 
 def run_logs(env: dict, flow_run: dict) -> str:
