@@ -21,6 +21,8 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+from tasks.core import lifeline
+
 GROUP_EXIT_S = 30.0  # how long what a stopped step started may take to end before it is killed
 
 # every benchmark, in the order of the README's Benchmarks section
@@ -83,23 +85,11 @@ def _run_one(step: Step, forwarder: _Forwarder) -> int:
             out.close()
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether a process of the group still runs (an exited one not yet reaped does not count)."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            state, _ppid, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
-        except (OSError, IndexError, ValueError):  # gone meanwhile
-            continue
-        if int(group) == pgid and state != "Z":
-            return True
-    return False
-
-
 def _wait_for_group(pgid: int, within_s: float) -> None:
     """Until the stopped step's group has ended (its grandchildren wrote to the same terminal after the
     line that says the sequence stopped, or were still running when it exited); killed after `within_s`."""
     deadline = time.monotonic() + within_s
-    while _group_alive(pgid):
+    while any(int(fields[2]) == pgid for _, fields in lifeline.live_processes()):
         if time.monotonic() > deadline:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGKILL)

@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from tasks.core import lifeline
+
 POOL = "local-process"  # prefect.yaml's work_pool for every deployment; `make deploy` creates it
 RUNS_STOP_WITHIN_S = 60.0  # a run's clean stop takes seconds (shards 5 s, ranks ~2 s); then it is killed
 WORKER_STOPS_WITHIN_S = 30.0
@@ -39,36 +41,27 @@ def _record(signum, _frame) -> None:
 
 def flow_runs(worker: int) -> list[int]:
     """The processes executing the worker's runs: its children running `prefect.engine`."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            if ppid == worker and b"prefect.engine" in (stat.parent / "cmdline").read_bytes():
-                found.append(int(stat.parent.name))
-        except (OSError, IndexError, ValueError):  # gone meanwhile
-            continue
-    return found
+    return [pid for pid, fields in lifeline.live_processes() if int(fields[1]) == worker and _runs_engine(pid)]
+
+
+def _runs_engine(pid: int) -> bool:
+    try:
+        return b"prefect.engine" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # gone meanwhile
+        return False
 
 
 def _stop_runs(worker: int, within_s: float) -> int:
     """SIGTERM to each run the worker is executing, SIGKILL to what is left after `within_s`; how many."""
     runs = flow_runs(worker)
-    count = len(runs)
     for pid in runs:
         _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + within_s
-    while (runs := [p for p in runs if _running(p)]) and time.monotonic() < deadline:
+    while (left := [pid for pid in runs if lifeline.running(pid)]) and time.monotonic() < deadline:
         time.sleep(0.1)
-    for pid in runs:
+    for pid in left:
         _signal(pid, signal.SIGKILL)
-    return count
-
-
-def _running(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    return len(runs)
 
 
 def _signal(pid: int, sig: int) -> None:
@@ -79,7 +72,6 @@ def _signal(pid: int, sig: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from tasks.core import lifeline
     prefect = str(Path(sys.executable).with_name("prefect"))
     # handlers, not SIG_IGN: across exec a handled signal is back at its default, so the worker's Python
     # installs its KeyboardInterrupt, whatever this process was started with

@@ -14,6 +14,7 @@ import pytest
 
 from benchmarks import gpu_check, sequence
 from benchmarks.sequence import Step, run
+from tasks.core.lifeline import running
 from tests.conftest import REPO
 
 
@@ -55,15 +56,6 @@ def test_every_declared_benchmark_and_gpu_check_step_is_a_module_here():
         module = step.argv[step.argv.index("-m") + 1]
         path = "tests/test_kernels_gpu.py" if module == "pytest" else module.replace(".", "/") + ".py"
         assert (REPO / path).is_file(), step
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie (exited, not yet reaped) is not running
-        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
 # the step's child: `stop` runs on SIGINT/SIGTERM ("slow": a second of shutdown, then a line on the shared
@@ -121,7 +113,7 @@ def test_a_signal_stops_the_step_in_progress_and_what_it_started(tmp_path, signu
         lines = err.strip().splitlines()
         assert "grandchild stopped" in lines and lines[-1] == \
             f"interrupted ({signal.Signals(signum).name}): sleeps stopped; the steps after it not run", err
-        assert not any(map(alive, started))
+        assert not any(map(running, started))
         assert not marker.exists()
     finally:
         stop_all(runner, started)
@@ -134,7 +126,7 @@ def test_what_a_stopped_step_started_and_does_not_end_is_killed(tmp_path):
         runner.send_signal(signal.SIGTERM)
         out, err = runner.communicate(timeout=120)
         assert runner.returncode == 128 + signal.SIGTERM, err
-        assert not any(map(alive, started)), "the deaf grandchild outlived the sequence"
+        assert not any(map(running, started)), "the deaf grandchild outlived the sequence"
     finally:
         stop_all(runner, started)
 

@@ -33,6 +33,7 @@ import threading
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import Iterator
 
 ENV = "MTNLG_LAUNCHER"
 SESSION_ENV = "MTNLG_SESSION"
@@ -42,18 +43,35 @@ WATCH_EVERY_S = 1.0
 _NO_FLOCK = (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL)
 
 
-def _stat(pid: int) -> list[bytes] | None:
+def proc_stat(pid: int) -> list[bytes] | None:
     """/proc/<pid>/stat's fields after the command name (which may hold spaces, parentheses or bytes
-    that are not UTF-8): [0] is the state, [19] the start time; None if there is no such process."""
+    that are not UTF-8): [0] is the state, [1] the parent's pid, [2] the process group, [19] the start
+    time; None if there is no such process."""
     try:
         return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
     except (OSError, IndexError):
         return None
 
 
+def _runs(fields: list[bytes] | None) -> bool:
+    return fields is not None and fields[0] not in (b"Z", b"X")  # an exited one not yet reaped does not
+
+
+def running(pid: int) -> bool:
+    """Whether the process runs (an exited one not yet reaped by its parent does not)."""
+    return _runs(proc_stat(pid))
+
+
+def live_processes() -> Iterator[tuple[int, list[bytes]]]:
+    """Every process that runs, with its proc_stat fields."""
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        if entry.name.isdigit() and _runs(fields := proc_stat(int(entry.name))):
+            yield int(entry.name), fields
+
+
 def start_time(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22); None if gone."""
-    fields = _stat(pid)
+    fields = proc_stat(pid)
     return fields[19].decode() if fields else None
 
 
@@ -112,8 +130,8 @@ def gone(value: str) -> bool:
     machine, pid, started = value.rsplit(":", 2)
     if machine != _machine() or machine == "unknown" or started == "None":
         return False
-    fields = _stat(int(pid))
-    return fields is None or fields[19].decode() != started or fields[0] in (b"Z", b"X")
+    fields = proc_stat(int(pid))
+    return not _runs(fields) or fields[19].decode() != started
 
 
 def watch(label: str) -> None:
@@ -158,7 +176,7 @@ def ancestor_running(program: str, levels: int = 3) -> int | None:
             return None
         if name in (os.path.basename(a) for a in args[:2]) or args[1:3] == [b"-m", name]:
             return pid
-        fields = _stat(pid)
+        fields = proc_stat(pid)
         pid = int(fields[1]) if fields else 0
         if pid <= 1:
             return None
