@@ -2,7 +2,10 @@
 materialised. Per chunk: logits = hidden @ weight.T (cuBLAS), one kernel for each row's max and sum of
 exponentials, the vocab-parallel combination in torch collectives, one kernel overwriting the logits
 with the scaled gradient, then the two gradient matmuls. The gradients are finished in forward (the
-loss is the graph's last op) and scaled by the incoming gradient in backward, as Liger's kernel does."""
+loss is the graph's last op) and scaled by the incoming gradient in backward, as Liger's kernel does.
+fp16 defers the per-token factor (1/tokens for the mean): softmax / tokens underflows fp16 before a
+loss scale can reach it, so there the kernel writes the unscaled gradient, the gradients accumulate
+in fp32, and backward applies the factor with the incoming (loss-scaled) gradient."""
 from __future__ import annotations
 
 import torch
@@ -33,13 +36,16 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
         tokens, cols = hidden.shape[0], weight.shape[0]
         valid = target != ignore_index
         scale = valid.float()
-        if reduction == "mean":
-            scale = scale / valid.sum().clamp(min=1)
+        factor = 1 / valid.sum().clamp(min=1) if reduction == "mean" else torch.ones((), device=hidden.device)
+        deferred = hidden.dtype == torch.float16  # the factor waits for backward, gradients held in fp32
+        if not deferred:
+            scale = scale * factor
         # under no_grad (evaluation) only the loss is computed: no gradient kernel, no gradient matmuls
         need_hidden = grad_enabled and hidden.requires_grad
         need_weight = grad_enabled and weight.requires_grad
-        grad_hidden = torch.empty_like(hidden) if need_hidden else None
-        grad_weight = torch.zeros_like(weight) if need_weight else None
+        held = torch.float32 if deferred else hidden.dtype
+        grad_hidden = torch.empty(hidden.shape, dtype=held, device=hidden.device) if need_hidden else None
+        grad_weight = torch.zeros(weight.shape, dtype=held, device=weight.device) if need_weight else None
         loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
         threads = 512
         for start in range(0, tokens, chunk):
@@ -62,20 +68,29 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
                 continue
             runtime.launch(FILE, runtime.expression("xent_grad", logits.dtype, vec), (n,), (threads,),
                            (logits, t, runtime.i64(vocab_start), lse, scale[start:stop].contiguous(), runtime.i32(cols)))
-            if grad_hidden is not None:
-                torch.mm(logits, weight, out=grad_hidden[start:stop])
-            if grad_weight is not None:
-                grad_weight.addmm_(logits.t(), h)
+            if deferred:  # fp16 products of the unscaled gradient (no underflow) added into fp32
+                if grad_hidden is not None:
+                    grad_hidden[start:stop] = logits @ weight
+                if grad_weight is not None:
+                    grad_weight += logits.t() @ h
+            else:
+                if grad_hidden is not None:
+                    torch.mm(logits, weight, out=grad_hidden[start:stop])
+                if grad_weight is not None:
+                    grad_weight.addmm_(logits.t(), h)
             del logits  # before the next chunk's logits are allocated: one chunk alive at a time
-        ctx.save_for_backward(grad_hidden, grad_weight)
-        return loss
+        ctx.save_for_backward(grad_hidden, grad_weight, factor if deferred else None)
+        ctx.dtypes = hidden.dtype, weight.dtype
+        return loss * factor if deferred else loss
 
     @staticmethod
     @torch.autograd.function.once_differentiable  # the gradients are constants computed in forward
     def backward(ctx, grad_loss):
-        grad_hidden, grad_weight = ctx.saved_tensors
-        return (None if grad_hidden is None else grad_hidden * grad_loss.to(grad_hidden.dtype),
-                None if grad_weight is None else grad_weight * grad_loss.to(grad_weight.dtype),
+        grad_hidden, grad_weight, factor = ctx.saved_tensors
+        if factor is not None:  # fp16: the deferred factor, with the loss scale, in fp32
+            grad_loss = grad_loss.float() * factor
+        return (None if grad_hidden is None else (grad_hidden * grad_loss.to(grad_hidden.dtype)).to(ctx.dtypes[0]),
+                None if grad_weight is None else (grad_weight * grad_loss.to(grad_weight.dtype)).to(ctx.dtypes[1]),
                 None, None, None, None, None, None, None)
 
 
@@ -93,9 +108,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     target1 = target.reshape(-1)
     if target1.numel() != hidden2.shape[0]:
         raise ValueError(f"{hidden2.shape[0]} hidden rows but {target1.numel()} targets")
-    # fp16 stays on the reference path: the gradient, finished in forward before the loss scale
-    # arrives in backward, would underflow (1/tokens * softmax ~ 1e-9 is 0 in fp16); bf16 has fp32's range
-    if fused and hidden2.dtype != torch.float16 and runtime.supports(hidden2, weight) and hidden2.is_contiguous():
+    if fused and runtime.supports(hidden2, weight) and hidden2.is_contiguous():
         target1 = target1.to(hidden2.device, torch.int64).contiguous()
         chunk = chunk or default_chunk(hidden2.shape[0], weight.shape[0], weight.shape[1])
         return FusedLinearCrossEntropy.apply(hidden2, weight, target1, ignore_index, reduction, chunk, group,

@@ -143,6 +143,30 @@ def test_linear_cross_entropy(dtype, tokens, vocab, hidden, chunk, reduction):
     close(dw, rdw, dtype, "xent dweight")
 
 
+def test_fp16_cross_entropy_gradients_survive_many_tokens_under_a_loss_scale():
+    """fp16 training: 1/tokens x softmax (~1e-9 here) is below fp16's smallest number, so a gradient
+    finished in forward loses every non-target logit's share; the fused loss defers 1/tokens to backward,
+    where the loss scale comes in. Rows of words that are never a target have only that share."""
+    tokens, vocab, hidden = 8192, 50304, 64
+    h = torch.randn(tokens, hidden, device="cuda", dtype=torch.float16)
+    w = torch.randn(vocab, hidden, device="cuda", dtype=torch.float16) * 0.05
+    t = torch.randint(0, vocab, (tokens,), device="cuda")
+    t[::7] = -100
+    scale = torch.tensor(1024.0, device="cuda")  # a loss scale, as fp16 training's loss scaler applies
+
+    def fused(h, w):
+        return FusedLinearCrossEntropy.apply(h, w, t, -100, "mean", 2048, None, 0, True)
+
+    loss, (dh, dw) = grads(fused, [h, w], scale)
+    rloss, (rdh, rdw) = grads(lambda h, w: reference.linear_cross_entropy(h, w, t), as64([h, w]), scale.double())
+    close(loss, rloss, torch.float16, "xent loss")
+    close(dh, rdh, torch.float16, "xent dhidden")
+    close(dw, rdw, torch.float16, "xent dweight")
+    never = torch.ones(vocab, dtype=torch.bool, device="cuda")
+    never[t[t >= 0]] = False
+    close(dw[never], rdw[never], torch.float16, "xent dweight of never-target rows")
+
+
 def test_fused_paths_refuse_what_they_cannot_take():
     x = torch.randn(8, 16, 32, device="cuda").transpose(1, 2)  # not contiguous: reference path, same result
     b = torch.randn(16, device="cuda")
@@ -197,10 +221,11 @@ def test_cross_entropy_under_no_grad_and_autocast_and_fp16():
         loss = kernels.linear_cross_entropy(h.float(), w32, t)
     loss.backward()
     assert w32.grad is not None and torch.isfinite(w32.grad).all()
-    # fp16 takes the reference path (a gradient finished in forward would underflow before loss scaling)
-    h16, w16 = h.half(), w.detach().half().requires_grad_(True)
+    h16, w16 = h.half(), w.detach().half().requires_grad_(True)  # fp16 takes the fused path too
     loss16 = kernels.linear_cross_entropy(h16, w16, t)
-    assert loss16.grad_fn is not None and "Fused" not in type(loss16.grad_fn).__name__
+    assert "Fused" in type(loss16.grad_fn).__name__
+    loss16.backward()
+    assert w16.grad.dtype == torch.float16
     # t on the CPU is moved, not passed as a host pointer
     close(kernels.linear_cross_entropy(h, w.detach(), t.cpu()), ref, torch.bfloat16, "cpu targets")
 
