@@ -47,6 +47,11 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
         grad_hidden = torch.empty(hidden.shape, dtype=held, device=hidden.device) if need_hidden else None
         grad_weight = torch.zeros(weight.shape, dtype=held, device=weight.device) if need_weight else None
         loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        # a target in no rank's slice (outside the vocabulary, or a negative other than ignore_index) is
+        # masked as Megatron's vocab-parallel loss masks it: its target logit counts as the row's max
+        inside = ((target >= vocab_start) & (target < vocab_start + cols)).float()
+        if group is not None:
+            dist.all_reduce(inside, group=group)
         threads = 512
         for start in range(0, tokens, chunk):
             stop = min(tokens, start + chunk)
@@ -63,6 +68,7 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
                 dist.all_reduce(sum_exp, group=group)
                 dist.all_reduce(picked, group=group)
             lse = row_max + sum_exp.log()
+            picked = torch.where(inside[start:stop] > 0, picked, row_max)
             loss += ((lse - picked) * scale[start:stop]).sum()
             if not (need_hidden or need_weight):
                 continue
@@ -87,10 +93,11 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
     @torch.autograd.function.once_differentiable  # the gradients are constants computed in forward
     def backward(ctx, grad_loss):
         grad_hidden, grad_weight, factor = ctx.saved_tensors
-        if factor is not None:  # fp16: the deferred factor, with the loss scale, in fp32
-            grad_loss = grad_loss.float() * factor
-        return (None if grad_hidden is None else (grad_hidden * grad_loss.to(grad_hidden.dtype)).to(ctx.dtypes[0]),
-                None if grad_weight is None else (grad_weight * grad_loss.to(grad_weight.dtype)).to(ctx.dtypes[1]),
+        grad_loss = grad_loss.float()  # 0-dim: the products keep the gradients' dtype, computed in fp32
+        if factor is not None:  # fp16: the deferred factor, with the loss scale
+            grad_loss = grad_loss * factor
+        return (None if grad_hidden is None else (grad_hidden * grad_loss).to(ctx.dtypes[0]),
+                None if grad_weight is None else (grad_weight * grad_loss).to(ctx.dtypes[1]),
                 None, None, None, None, None, None, None)
 
 
@@ -101,13 +108,20 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     """Mean (or summed) cross-entropy of `hidden @ weight.T` against `target`, over tokens whose target
     is not `ignore_index`. `weight` is this rank's vocabulary slice [vocab_local, hidden] starting at
     `vocab_start`; `group` is the tensor-parallel group (None: the whole vocabulary is here). The
-    gradient reaching `hidden` is this rank's partial sum: the caller's tensor-parallel region all-reduces it."""
+    gradient reaching `hidden` is this rank's partial sum: the caller's tensor-parallel region all-reduces it.
+    A target in no rank's slice (other than `ignore_index`) is masked as Megatron's vocab-parallel loss
+    masks it: its loss is log sum exp(logits - max), its gradient the softmax. Under CUDA autocast the
+    head's matmuls run in autocast's dtype."""
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+    if tuple(target.shape) != tuple(hidden.shape[:-1]):  # [b, s] targets of [s, b, h] states: a wrong loss
+        raise ValueError(f"targets of shape {tuple(target.shape)} for hidden states of shape {tuple(hidden.shape)}: "
+                         f"expected {tuple(hidden.shape[:-1])}")
+    if hidden.is_cuda and torch.is_autocast_enabled("cuda"):  # the head's matmul as autocast would run it
+        low = torch.get_autocast_dtype("cuda")
+        hidden, weight = hidden.to(low), weight.to(low)
     hidden2 = hidden.reshape(-1, hidden.shape[-1])
     target1 = target.reshape(-1)
-    if target1.numel() != hidden2.shape[0]:
-        raise ValueError(f"{hidden2.shape[0]} hidden rows but {target1.numel()} targets")
     if fused and runtime.supports(hidden2, weight) and hidden2.is_contiguous():
         target1 = target1.to(hidden2.device, torch.int64).contiguous()
         chunk = chunk or default_chunk(hidden2.shape[0], weight.shape[0], weight.shape[1])

@@ -48,7 +48,7 @@ def layouts(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor):
     """(forward, backward) row layouts of the fused path for these tensors, or None where it does not
     apply (dtype, device, a row too long for registers)."""
     cols = x.shape[-1]
-    if weight.numel() != cols or not runtime.supports(x, weight, bias):
+    if not runtime.supports(x, weight, bias) or weight.numel() != cols:
         return None
     vec = runtime.vector_width(cols, x, weight, bias)
     # rows of up to 128 vectors a warp each (1024 bf16 features: 0.79 of peak bandwidth on the H100,
@@ -58,9 +58,10 @@ def layouts(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor):
     return (fwd, bwd) if fwd and bwd else None
 
 
-def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5,
+def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float = 1e-5,
                fused: bool = True) -> torch.Tensor:
-    """LayerNorm over the last dimension; the fused path when x, weight and bias share a CUDA float dtype."""
+    """LayerNorm over the last dimension; the fused path when x, weight and bias share a CUDA float dtype
+    (without a weight or a bias, or with mixed dtypes, F.layer_norm's)."""
     lay = layouts(x, weight, bias) if fused else None
     if lay:
         return FusedLayerNorm.apply(x, weight, bias, eps, *lay)

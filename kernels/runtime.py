@@ -38,10 +38,11 @@ def fused_available() -> bool:
 
 
 def supports(*tensors: torch.Tensor) -> bool:
-    """The fused path takes contiguous CUDA tensors of one of the three float types, all the same."""
+    """The fused path takes contiguous CUDA tensors of one of the three float types, all the same (an
+    optional tensor left out, e.g. LayerNorm's bias=None, is the reference path's)."""
     first = tensors[0]
-    return (fused_available() and first.is_cuda and first.dtype in CUDA_TYPE and first.numel() > 0
-            and all(t.is_cuda and t.dtype == first.dtype and t.is_contiguous() for t in tensors))
+    return (all(t is not None for t in tensors) and fused_available() and first.is_cuda and first.dtype in CUDA_TYPE
+            and first.numel() > 0 and all(t.is_cuda and t.dtype == first.dtype and t.is_contiguous() for t in tensors))
 
 
 @functools.cache

@@ -58,6 +58,28 @@ def test_linear_cross_entropy_reference_matches_f_cross_entropy(reduction):
         kernels.linear_cross_entropy(h, w, t, reduction="none")
 
 
+def test_linear_cross_entropy_masks_targets_outside_the_vocabulary_as_megatron_does():
+    """Megatron's vocab_parallel_cross_entropy masks a target no rank holds: predicted logit 0 after the
+    max is subtracted, so the loss is logsumexp - max and the gradient the softmax (no -1 anywhere)."""
+    h = torch.randn(6, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(10, 8, dtype=torch.float64)
+    t = torch.tensor([3, 10, -1, 15, 0, -100])
+    loss = kernels.linear_cross_entropy(h, w, t, reduction="sum")
+    logits = h @ w.t()
+    inside = F.cross_entropy(logits[[0, 4]], t[[0, 4]], reduction="sum")
+    outside = (logits[1:4].logsumexp(-1) - logits[1:4].max(-1).values).sum()
+    torch.testing.assert_close(loss, inside + outside)
+    (dh,) = torch.autograd.grad(loss, h)
+    torch.testing.assert_close(dh[1:4], logits[1:4].softmax(-1) @ w)
+
+
+def test_linear_cross_entropy_refuses_targets_not_shaped_as_the_hidden_states_rows():
+    h = torch.randn(4, 3, 8)  # [s, b, h]
+    with pytest.raises(ValueError, match=r"targets of shape \(3, 4\) for hidden states of shape \(4, 3, 8\): "
+                                         r"expected \(4, 3\)"):
+        kernels.linear_cross_entropy(h, torch.randn(10, 8), torch.zeros(3, 4, dtype=torch.long))
+
+
 def _vocab_parallel_rank(rank: int, init: str, queue) -> None:
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import kernels
 from kernels import reference, runtime
@@ -128,7 +129,8 @@ def test_linear_cross_entropy(dtype, tokens, vocab, hidden, chunk, reduction):
     w = torch.randn(vocab, hidden, device="cuda", dtype=dtype) * 0.1
     t = torch.randint(0, vocab, (tokens,), device="cuda")
     t[::7] = -100  # ignored positions: no loss, no gradient
-    g = torch.tensor(1.7, device="cuda")  # an incoming gradient that is not 1
+    t[3::11], t[5::13] = vocab + 5, -1  # in no slice: masked, as Megatron masks them
+    g = torch.tensor(1 / 3, device="cuda")  # an incoming gradient that is not 1 (nor exact in bf16)
 
     def fused(h, w):
         return FusedLinearCrossEntropy.apply(h, w, t, -100, reduction, chunk, None, 0, True)
@@ -171,6 +173,9 @@ def test_fused_paths_refuse_what_they_cannot_take():
     x = torch.randn(8, 16, 32, device="cuda").transpose(1, 2)  # not contiguous: reference path, same result
     b = torch.randn(16, device="cuda")
     torch.testing.assert_close(kernels.bias_gelu(x, b), reference.bias_gelu(x, b))
+    x, w = torch.randn(8, 64, device="cuda"), torch.randn(64, device="cuda")
+    for weight, bias in ((w, None), (None, w), (None, None)):  # LayerNorm without its affine parts
+        torch.testing.assert_close(kernels.layer_norm(x, weight, bias), F.layer_norm(x, (64,), weight, bias))
     with pytest.raises(ValueError, match="square"):
         kernels.scaled_causal_softmax(torch.randn(2, 3, 4, device="cuda"))
 
@@ -220,7 +225,8 @@ def test_cross_entropy_under_no_grad_and_autocast_and_fp16():
     with torch.autocast("cuda", dtype=torch.bfloat16):  # fp32 weights under autocast: matmuls follow the inputs
         loss = kernels.linear_cross_entropy(h.float(), w32, t)
     loss.backward()
-    assert w32.grad is not None and torch.isfinite(w32.grad).all()
+    assert w32.grad.dtype == torch.float32 and torch.isfinite(w32.grad).all()
+    close(loss, ref, torch.bfloat16, "autocast loss")  # the matmuls in bf16, as autocast runs them
     h16, w16 = h.half(), w.detach().half().requires_grad_(True)  # fp16 takes the fused path too
     loss16 = kernels.linear_cross_entropy(h16, w16, t)
     assert "Fused" in type(loss16.grad_fn).__name__
