@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 
 from tasks.filter import textstats as ts
+from tasks.filter import tokens as tok
 from tasks.filter.config import FilterParams
 from tasks.filter.rules import apply_rules, reason_names
 from tasks.sample.text import TOPICS, paragraphs
@@ -107,8 +108,8 @@ CONTRACTIONS = ("'s", "'m", "'d", "'ll", "'re", "'ve", "n't")
 
 def tokens(text: str) -> list[str]:
     """spaCy-like tokens as textstats' doc describes them, with regular expressions."""
-    punct = lambda ch: ts._is_punct.py_func(ord(ch))  # noqa: E731
-    letter = lambda ch: ts._is_alpha.py_func(ord(ch))  # noqa: E731
+    punct = lambda ch: tok.is_punct.py_func(ord(ch))  # noqa: E731
+    letter = lambda ch: tok.is_alpha.py_func(ord(ch))  # noqa: E731
     run = re.compile(r"\.{2,}|'{2,}|-{2,}")
     out = []
     for w in text.split():
@@ -122,7 +123,7 @@ def tokens(text: str) -> list[str]:
             if m and m.start() > 0:
                 k = len(w) - m.start()
             elif punct(w[-1]):
-                if w[-1] == "." and len(w) > 1 and ("." in w[:-1] or w[:-1].lower() in ts.TITLES):
+                if w[-1] == "." and len(w) > 1 and ("." in w[:-1] or w[:-1].lower() in tok.TITLES):
                     break
                 k = 1
             else:
@@ -193,7 +194,7 @@ def test_compiled_statistics_match_the_plain_formulas(seed):
     s = ts.text_stats(pa.array(texts), [2, 3, 4], [5, 6, 10])
     for row, text in zip(s, texts):
         words = tokens(text)
-        core = [w for w in words if any(not ts._is_punct.py_func(ord(c)) for c in w)]
+        core = [w for w in words if any(not tok.is_punct.py_func(ord(c)) for c in w)]
         paras = re.split(r"\n{2,}", text.strip())
         lines = re.split(r"\n+", text)
         want = {ts.TOKENS: len(words), ts.WORDS: len(core), ts.WORD_CHARS: sum(map(len, core)),

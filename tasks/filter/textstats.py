@@ -17,78 +17,15 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from tasks.filter.tokens import (FNV_PRIME, contraction_length, decode_utf8, fnv, is_alpha, is_letter, is_punct,
+                                is_space, keeps_period, punct_run, punct_run_back, span_hash)
+
 # columns of the per-document statistics
 (TOKENS, WORDS, WORD_CHARS, ALPHA_TOKENS, HASHES, ELLIPSES, LINES, BULLET_LINES, ELLIPSIS_LINES, STOP_WORDS,
  CHARS, CONTROL_CHARS, PARAS, DUP_PARAS, DUP_PARA_CHARS, NL_LINES, DUP_LINES, DUP_LINE_CHARS) = range(18)
 N_FIXED = 18
 STOP = ("the", "be", "to", "of", "and", "that", "have", "with")  # Gopher's stop words (case-sensitive)
-_FNV, _PRIME = np.uint64(0xCBF29CE484222325), np.uint64(0x100000001B3)
-
-
-def _fnv(word: str) -> int:
-    h = 0xCBF29CE484222325
-    for c in word:
-        h = ((h ^ ord(c)) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return h
-
-
-STOP_HASHES = np.array([_fnv(w) for w in STOP], dtype=np.uint64)
-# abbreviations whose period spaCy keeps (lower-cased; a word with a period inside, "U.S.", keeps it too)
-TITLES = ("mr", "mrs", "ms", "dr", "jr", "sr", "st", "prof", "vs", "inc", "ltd", "co", "mt")
-TITLE_HASHES = np.array([_fnv(w) for w in TITLES], dtype=np.uint64)
-
-
-@numba.njit(cache=True, inline="always")
-def _is_space(c):
-    return c == 32 or 9 <= c <= 13 or c == 0x85 or c == 0xA0 or c == 0x1680 or 0x2000 <= c <= 0x200A \
-        or c == 0x2028 or c == 0x2029 or c == 0x202F or c == 0x205F or c == 0x3000 or 0x1C <= c <= 0x1F
-
-
-@numba.njit(cache=True, inline="always")
-def _is_punct(c):
-    if c < 128:
-        return 33 <= c <= 47 or 58 <= c <= 64 or 91 <= c <= 96 or 123 <= c <= 126
-    return 0xA1 <= c <= 0xBF or c == 0xD7 or c == 0xF7 or 0x2010 <= c <= 0x205E or 0x20A0 <= c <= 0x20CF \
-        or 0x2100 <= c <= 0x2BFF or 0x3000 <= c <= 0x303F or 0xFF01 <= c <= 0xFF0F or 0xFF1A <= c <= 0xFF20 \
-        or 0xFF3B <= c <= 0xFF40 or 0xFF5B <= c <= 0xFF65 or 0x1F000 <= c <= 0x1FAFF or c == 0xFFFD
-
-
-@numba.njit(cache=True, inline="always")
-def _is_alpha(c):
-    if c < 128:
-        return 65 <= c <= 90 or 97 <= c <= 122
-    return c >= 0xC0 and not _is_punct(c) and not _is_space(c)
-
-
-@numba.njit(cache=True)
-def _decode(buf, lo, hi, out):  # pragma: no cover - compiled
-    """UTF-8 bytes -> code points (Arrow strings are valid UTF-8); returns how many."""
-    n, i = 0, lo
-    while i < hi:
-        b = np.int64(buf[i])
-        if b < 0x80:
-            cp, k = b, 1
-        elif b < 0xE0:
-            cp, k = b & 0x1F, 2
-        elif b < 0xF0:
-            cp, k = b & 0x0F, 3
-        else:
-            cp, k = b & 0x07, 4
-        for j in range(1, k):
-            if i + j < hi:
-                cp = (cp << 6) | (np.int64(buf[i + j]) & 0x3F)
-        out[n] = cp
-        n += 1
-        i += k
-    return n
-
-
-@numba.njit(cache=True)
-def _span_hash(cp, lo, hi):  # pragma: no cover - compiled
-    h = _FNV
-    for i in range(lo, hi):
-        h = (h ^ np.uint64(cp[i])) * _PRIME
-    return h
+STOP_HASHES = np.array([fnv(w) for w in STOP], dtype=np.uint64)
 
 
 @numba.njit(cache=True)
@@ -119,7 +56,7 @@ def _dups(cp, starts, ends, n, table, used):  # pragma: no cover - compiled
     """(elements seen before, their characters) of the spans, as datatrove's find_duplicates."""
     dup, chars, n_used = 0, 0, 0
     for k in range(n):
-        was, n_used = _seen(table, used, n_used, _span_hash(cp, starts[k], ends[k]))
+        was, n_used = _seen(table, used, n_used, span_hash(cp, starts[k], ends[k]))
         if was:
             dup += 1
             chars += ends[k] - starts[k]
@@ -145,82 +82,16 @@ def _split_newline_runs(cp, lo, hi, min_run, starts, ends):  # pragma: no cover 
     return n + 1
 
 
-@numba.njit(cache=True, inline="always")
-def _is_letter(c):  # a letter, not a digit (the regex class [^\\W\\d_] spaCy's hyphen infix uses)
-    return _is_alpha(c)
-
-
-@numba.njit(cache=True, inline="always")
-def _run(cp, lo, hi):
-    """Length of the token starting at lo: a run of 2+ identical . ' or - is one token, else 1 character."""
-    c, k = cp[lo], 1
-    if c == 46 or c == 39 or c == 45:
-        while lo + k < hi and cp[lo + k] == c:
-            k += 1
-    return k
-
-
-@numba.njit(cache=True, inline="always")
-def _run_back(cp, lo, hi):
-    """Length of the token ending at hi, as _run from the right (the run never reaches lo, a non-punctuation)."""
-    c, k = cp[hi - 1], 1
-    if c == 46 or c == 39 or c == 45:
-        while hi - k - 1 > lo and cp[hi - k - 1] == c:
-            k += 1
-    return k
-
-
-@numba.njit(cache=True, inline="always")
-def _lower(c):
-    return c + 32 if 65 <= c <= 90 else c
-
-
-@numba.njit(cache=True, inline="always")
-def _apostrophe(c):
-    return c == 39 or c == 0x2019
-
-
-@numba.njit(cache=True)
-def _contraction(cp, lo, hi):  # pragma: no cover - compiled
-    """Length of a contraction ending cp[lo:hi] with something before it: 's 'm 'd (2), 'll 're 've n't (3)."""
-    n = hi - lo
-    if n >= 3 and _apostrophe(cp[hi - 2]):
-        x = _lower(cp[hi - 1])
-        if x == 115 or x == 109 or x == 100:
-            return 2
-    if n >= 4:
-        x, y = _lower(cp[hi - 2]), _lower(cp[hi - 1])
-        if _apostrophe(cp[hi - 3]) and ((x == 108 and y == 108) or (x == 114 and y == 101) or (x == 118 and y == 101)):
-            return 3
-        if _lower(cp[hi - 3]) == 110 and _apostrophe(cp[hi - 2]) and y == 116:
-            return 3
-    return 0
-
-
-@numba.njit(cache=True)
-def _abbreviation(cp, lo, hi):  # pragma: no cover - compiled
-    """cp[lo:hi] + "." keeps its period: a period inside ("U.S") or a title ("Mr")."""
-    h = _FNV
-    for k in range(lo, hi):
-        if cp[k] == 46:
-            return True
-        h = (h ^ np.uint64(_lower(cp[k]))) * _PRIME
-    for k in range(len(TITLE_HASHES)):
-        if h == TITLE_HASHES[k]:
-            return True
-    return False
-
-
 @numba.njit(cache=True)
 def _token(cp, lo, hi, nt, row, stop_hashes, tok_h, tok_len):  # pragma: no cover - compiled
     """Record the token cp[lo:hi]; a word (a character that is not punctuation) adds to the word counts."""
-    h = _span_hash(cp, lo, hi)
+    h = span_hash(cp, lo, hi)
     tok_h[nt], tok_len[nt] = h, hi - lo
     word, alpha = False, False
     for k in range(lo, hi):
-        if not _is_punct(cp[k]):
+        if not is_punct(cp[k]):
             word = True
-        if _is_alpha(cp[k]):
+        if is_alpha(cp[k]):
             alpha = True
     if word:
         row[WORDS] += 1
@@ -239,15 +110,15 @@ def _doc_stats(cp, m, row, top_ns, dup_ns, stop_hashes, tok_h, tok_len, starts, 
     # ---- tokens (spaCy-like, see the module's doc) and the quality counts ----
     nt, i = 0, 0
     while i < m:
-        if _is_space(cp[i]):
+        if is_space(cp[i]):
             i += 1
             continue
         s = i
-        while i < m and not _is_space(cp[i]):
+        while i < m and not is_space(cp[i]):
             i += 1
         e, a = i, s
-        while a < e and _is_punct(cp[a]):  # prefixes, one per character (a run of . ' - as one)
-            k = _run(cp, a, e)
+        while a < e and is_punct(cp[a]):  # prefixes, one per character (a run of . ' - as one)
+            k = punct_run(cp, a, e)
             nt = _token(cp, a, a + k, nt, row, stop_hashes, tok_h, tok_len)
             a += k
         if a == e:
@@ -255,12 +126,12 @@ def _doc_stats(cp, m, row, top_ns, dup_ns, stop_hashes, tok_h, tok_len, starts, 
         b, nc = e, 0  # suffixes, right to left; their starts go to `starts` (free until the paragraphs)
         while b > a:
             c = cp[b - 1]
-            if _is_punct(c):
-                k = _run_back(cp, a, b)
-                if k == 1 and c == 46 and b - 1 > a and _abbreviation(cp, a, b - 1):
+            if is_punct(c):
+                k = punct_run_back(cp, a, b)
+                if k == 1 and c == 46 and b - 1 > a and keeps_period(cp, a, b - 1):
                     break
             else:
-                k = _contraction(cp, a, b)
+                k = contraction_length(cp, a, b)
                 if k == 0:
                     break
             b -= k
@@ -273,8 +144,8 @@ def _doc_stats(cp, m, row, top_ns, dup_ns, stop_hashes, tok_h, tok_len, starts, 
             if c == 0x2026:
                 k = 1
             elif (c == 46 or c == 45) and q + 1 < b and cp[q + 1] == c:
-                k = _run(cp, q, b)
-            elif c == 45 and q > a and q + 1 < b and _is_letter(cp[q - 1]) and _is_letter(cp[q + 1]):
+                k = punct_run(cp, q, b)
+            elif c == 45 and q > a and q + 1 < b and is_letter(cp[q - 1]) and is_letter(cp[q + 1]):
                 k = 1
             if k == 0:
                 q += 1
@@ -316,21 +187,21 @@ def _doc_stats(cp, m, row, top_ns, dup_ns, stop_hashes, tok_h, tok_len, starts, 
             e += 1
         row[LINES] += 1
         a = s
-        while a < e and _is_space(cp[a]):
+        while a < e and is_space(cp[a]):
             a += 1
         if a < e and (cp[a] == 0x2022 or cp[a] == 45):
             row[BULLET_LINES] += 1
         b = e
-        while b > s and _is_space(cp[b - 1]):
+        while b > s and is_space(cp[b - 1]):
             b -= 1
         if b > s and (cp[b - 1] == 0x2026 or (b - s >= 3 and cp[b - 1] == 46 and cp[b - 2] == 46 and cp[b - 3] == 46)):
             row[ELLIPSIS_LINES] += 1
         s = e + (2 if e + 1 < m and cp[e] == 13 and cp[e + 1] == 10 else 1)
     # ---- paragraphs: text.strip() split on \n{2,} ----
     lo, hi = 0, m
-    while lo < hi and _is_space(cp[lo]):
+    while lo < hi and is_space(cp[lo]):
         lo += 1
-    while hi > lo and _is_space(cp[hi - 1]):
+    while hi > lo and is_space(cp[hi - 1]):
         hi -= 1
     n = _split_newline_runs(cp, lo, hi, 2, starts, ends)
     row[PARAS] = n
@@ -349,7 +220,7 @@ def _doc_stats(cp, m, row, top_ns, dup_ns, stop_hashes, tok_h, tok_len, starts, 
             for t in range(nt - g + 1):
                 key = np.uint64(0)
                 for j in range(g):
-                    key = key * _PRIME + tok_h[t + j]
+                    key = key * FNV_PRIME + tok_h[t + j]
                 key = key | np.uint64(1)
                 idx = np.int64(key & np.uint64(len(table) - 1))
                 while table[idx] != 0 and table[idx] != key:
@@ -382,7 +253,7 @@ def _doc_stats(cp, m, row, top_ns, dup_ns, stop_hashes, tok_h, tok_len, starts, 
             key = np.uint64(0)
             length = 0
             for j in range(g):
-                key = key * _PRIME + tok_h[t + j]
+                key = key * FNV_PRIME + tok_h[t + j]
                 length += tok_len[t + j]
             was, n_used = _seen(table, used, n_used, key)
             if was:
@@ -412,7 +283,7 @@ def _batch(buf, offsets, top_ns, dup_ns, stop_hashes, out):  # pragma: no cover 
     used = np.empty(longest + 2, dtype=np.int64)
     counts = np.zeros(size, dtype=np.int64)
     for d in range(len(offsets) - 1):
-        m = _decode(buf, offsets[d], offsets[d + 1], cp)
+        m = decode_utf8(buf, offsets[d], offsets[d + 1], cp)
         _doc_stats(cp, m, out[d], top_ns, dup_ns, stop_hashes, tok_h, tok_len, starts, ends, table, used, counts)
 
 
