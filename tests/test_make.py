@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from tasks.core.lifeline import running
 from tests.conftest import BIN, free_port, prefect_server
 from tests.project_copy import copy_project
-from tests.test_prefect import TrickleHandler, api, children, cmdline, run, running, slow_crawl  # noqa: F401 - a fixture
+from tests.test_prefect import api, run
+from tests.test_prefect_stop import TrickleHandler, children, cmdline, slow_crawl  # noqa: F401 - a fixture
 
 
 def make(target: str, repo: Path, log: Path, *args: str, env: dict | None = None,

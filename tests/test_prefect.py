@@ -2,8 +2,6 @@
 deployment from prefect.yaml triggered as the UI does, and shards on an existing Dask cluster."""
 from __future__ import annotations
 
-import contextlib
-import gzip
 import json
 import os
 import re
@@ -11,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -20,7 +17,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.sample.server import StaticHandler, StaticServer
 from tests.conftest import BIN, free_port
 from tests.project_copy import copy_project
 from tests.test_dvc import dvc, ran
@@ -268,210 +264,6 @@ def test_ui_quick_run_shows_summary_plots_and_data_docs(server, tmp_path):
             browser.close()
     finally:
         os.killpg(docs.pid, signal.SIGTERM)
-
-
-def test_a_killed_command_line_run_leaves_no_temporary_server(tmp_path):
-    # `make run` killed by kill -9 (or the OOM killer) left Prefect's temporary server serving forever
-    repo = copy_project(tmp_path / "repo")
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}  # Prefect starts its own server
-    proc = subprocess.Popen([sys.executable, "-m", "flows.pipeline", "params.yaml", "sample"], cwd=repo, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    server, deadline = None, time.monotonic() + 300
-    try:
-        while server is None and proc.poll() is None and time.monotonic() < deadline:
-            server = next((pid for pid in children(proc.pid) if b"uvicorn" in cmdline(pid)), None)
-            time.sleep(0.05)
-        assert server is not None, "no temporary server seen while the run ran"
-        proc.kill()
-        proc.wait()
-        deadline = time.monotonic() + 60  # the watcher checks every second; SIGKILL follows SIGTERM after 5 s
-        while running(server) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not running(server), f"Prefect's temporary server {server} outlived the killed run"
-    finally:
-        proc.kill()
-        if server is not None and running(server):
-            os.kill(server, signal.SIGKILL)
-
-
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_ctrl_c_of_a_command_line_run_ends_it_at_once_and_leaves_no_server(tmp_path, sig):
-    """Ctrl-C in a terminal signals the whole foreground process group, Prefect's temporary server with
-    it: the run then spent minutes retrying its last API calls against the dead server before it exited.
-    `timeout` and `kill -TERM -PGID` send SIGTERM to the group: the same, with ~240 lines of tracebacks
-    (found by an operator drill)."""
-    repo = copy_project(tmp_path / "repo")
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}  # Prefect starts its own server
-    log = tmp_path / "run.log"
-    proc = from_a_terminal([sys.executable, "-m", "flows.pipeline", "params.yaml"], repo, env, log)
-    server, deadline = None, time.monotonic() + 300
-    try:
-        while proc.poll() is None and time.monotonic() < deadline and b"for flow 'stage-download'" not in log.read_bytes():
-            time.sleep(0.1)
-        server = next((pid for pid in children(proc.pid) if b"uvicorn" in cmdline(pid)), None)
-        assert server is not None and proc.poll() is None, log.read_text()[-3000:]
-        os.killpg(proc.pid, sig)  # what Ctrl-C does (SIGINT), or `timeout` (SIGTERM)
-        try:
-            code = proc.wait(timeout=120)  # minutes before; a few seconds now
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"the run was still going 120 s after {sig.name}:\n" + log.read_text()[-3000:])
-        text = log.read_text()
-        assert "had not stopped" not in text, text[-6000:]  # ended by tasks.core.interrupts' limit, not by itself
-        assert code == 128 + sig, text[-3000:]
-        assert "interrupted: the pipeline stopped; rerun it to resume" in text and "Traceback" not in text, text[-3000:]
-        cause = "an interrupt signal" if sig == signal.SIGINT else "a termination signal"
-        assert f"Crashed('Execution was aborted by {cause}.')" in text, text[-6000:]  # recorded while the server lived
-        assert not running(server), "Prefect's temporary server outlived the run"
-    finally:
-        proc.kill()
-        if server is not None and running(server):
-            os.kill(server, signal.SIGKILL)
-
-
-def from_a_terminal(cmd: list[str], cwd: Path, env: dict, log: Path) -> subprocess.Popen:
-    """Start `cmd` as a shell started from a terminal runs it: its own process group (Ctrl-C signals
-    the group), SIGINT neither ignored nor blocked (a test runner or a `&` job may have either)."""
-    start = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
-             "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); os.execv(sys.executable, sys.argv[1:])")
-    with open(log, "wb") as out:
-        return subprocess.Popen([sys.executable, "-c", start, *cmd], cwd=cwd, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, process_group=0)
-
-
-class TrickleHandler(StaticHandler):
-    """Serves each file slowly, as a far or loaded server does a 1 GB WARC file: 4 KiB per 50 ms until
-    the file ends or the test releases it."""
-    release = threading.Event()
-    requests = 0
-
-    def send_body(self, data: bytes, start: int, status: int) -> None:
-        TrickleHandler.requests += 1  # the server serves a subclass bound to its root
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(data) - start))
-        self.end_headers()
-        self.close_connection = True
-        with contextlib.suppress(ConnectionError):  # the client went away: what an interrupt does
-            for at in range(start, len(data), 4096):
-                if self.release.is_set():
-                    break
-                self.wfile.write(data[at:at + 4096])
-                self.wfile.flush()
-                time.sleep(0.05)
-
-
-@pytest.fixture
-def slow_crawl(tmp_path):
-    """A crawl listing two WARC files that a server on 127.0.0.1 trickles (about 6 minutes each);
-    yields its base URL and the params that download it with two threads."""
-    root = tmp_path / "served"
-    listing = root / "crawl-data/CC-MAIN-2020-50/warc.paths.gz"
-    listing.parent.mkdir(parents=True)
-    names = [f"crawl-data/CC-MAIN-2020-50/segments/1/warc/CC-MAIN-20201123153826-20201123183826-0000{i}.warc.gz"
-             for i in range(2)]
-    listing.write_bytes(gzip.compress("\n".join(names).encode(), mtime=0))
-    for name in names:
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_bytes(os.urandom(30 << 20))  # 30 MiB at 80 KiB/s: about 6 minutes
-    TrickleHandler.release.clear()
-    TrickleHandler.requests = 0
-    with StaticServer(root, TrickleHandler) as url:
-        try:
-            yield {"download": {"source": "commoncrawl", "base_url": url, "crawl_id": "CC-MAIN-2020-50", "n_files": 2},
-                   "runner": {"kind": "threads", "max_workers": 2}}
-        finally:
-            TrickleHandler.release.set()
-
-
-def both_files_under_way(proc: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + 300
-    while proc.poll() is None and TrickleHandler.requests < 3 and time.monotonic() < deadline:
-        time.sleep(0.1)  # the listing, then both files
-    assert proc.poll() is None and TrickleHandler.requests == 3, log.read_text()[-3000:]
-
-
-def no_download_done(repo: Path) -> None:
-    done, shards = repo / "data/download/completions", repo / "data/download/shards"
-    assert not done.exists() or list(done.iterdir()) == []
-    assert not shards.exists() or list(shards.iterdir()) == []  # no partial file passes for a download
-
-
-def test_ctrl_c_stops_the_shards_in_progress_not_after_them(tmp_path, slow_crawl):
-    """Only the main thread gets Ctrl-C's KeyboardInterrupt, and the task runner's exit waits for its
-    threads: the run went on until every shard in progress had finished (with real WARC files, many
-    minutes) before it said it was interrupted."""
-    repo = copy_project(tmp_path / "repo", **slow_crawl)
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    log = tmp_path / "run.log"
-    proc = from_a_terminal([sys.executable, "-m", "flows.pipeline", "params.yaml", "download"], repo, env, log)
-    try:
-        both_files_under_way(proc, log)
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            code = proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            pytest.fail("the run was still going 120 s after Ctrl-C:\n" + log.read_text()[-3000:])
-    finally:
-        proc.kill()
-    text = log.read_text()
-    assert code == 130 and "interrupted: the pipeline stopped; rerun it to resume" in text, text[-3000:]
-    assert "Traceback" not in text, text[-3000:]
-    assert text.count("Finished in state Crashed('Execution was aborted by an interrupt signal.')") >= 2 + 2, text[-3000:]
-    no_download_done(repo)
-
-
-def test_cancel_from_the_ui_stops_the_shards_in_progress(server, tmp_path, slow_crawl):
-    """Cancel on a deployment's run, as the UI sends it: the shards in progress went on to their end
-    before the run was cancelled."""
-    repo = copy_project(tmp_path / "repo", **slow_crawl)
-    prefect = str(BIN / "prefect")
-    run([prefect, "work-pool", "create", "local-process", "--type", "process", "--overwrite"], repo, server)
-    run([prefect, "--no-prompt", "deploy", "--all"], repo, {**server, "PWD": str(repo)})
-    out = run([prefect, "deployment", "run", "pretraining-pipeline/sample", "--param", 'stages=["download"]'],
-              repo, server)
-    run_id = re.search(r"UUID: ([0-9a-f-]{36})", out).group(1)
-    log = tmp_path / "worker.log"
-    with open(log, "wb") as sink:
-        worker = subprocess.Popen([prefect, "worker", "start", "--pool", "local-process", "--run-once"], cwd=repo,
-                                  env=server, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        both_files_under_way(worker, log)
-        api(server, f"/flow_runs/{run_id}/set_state", {"state": {"type": "CANCELLING", "name": "Cancelling"},
-                                                        "force": True})
-        try:
-            worker.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            pytest.fail("the run was still going 120 s after its cancel:\n" + log.read_text()[-3000:])
-    finally:
-        with contextlib.suppress(ProcessLookupError):  # whatever the run left (nothing, once it works)
-            os.killpg(worker.pid, signal.SIGKILL)
-    assert api(server, f"/flow_runs/{run_id}")["state_type"] in ("CANCELLING", "CANCELLED"), log.read_text()[-3000:]
-    no_download_done(repo)
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and (entry / "stat").read_bytes().rsplit(b")", 1)[1].split()[1] == b"%d" % pid:
-                found.append(int(entry.name))
-        except OSError:
-            pass
-    return found
-
-
-def cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
-
-
-def running(pid: int) -> bool:
-    """Alive and not a zombie waiting to be reaped."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
 
 
 def test_a_command_line_run_sends_no_telemetry(tmp_path):
