@@ -122,3 +122,17 @@ def test_yaml_errors_say_where_the_construct_began_and_checks_read_without_pydan
     bad.write_text("evaluate:\n  fewshot_k: {lambada: 0}\n  tasks: [lambada]\n")
     with pytest.raises(ConfigError, match=r"^.*bad.yaml: evaluate: fewshot_k must be >= 1 \(got lambada: 0\)$"):
         load_params(bad)
+
+
+def test_zero_stage_0_with_a_pipeline_is_refused_in_one_line(tmp_path):
+    """DeepSpeed's stage-0 clipping counts the tied embedding on both end stages and leaves out later
+    stages' replicated gradients: the clipping norm was 2.29 where it is 2.24 (a review's 2-stage run)."""
+    import yaml
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["train"]["profiles"]["sample"]["parallel"]["zero_stage"] = 0
+    with pytest.raises(ConfigError) as e:
+        parse_params(raw)
+    assert "train.profiles.sample.parallel: zero_stage 0 with pp > 1 clips by a wrong gradient norm" in str(e.value)
+    assert len(str(e.value).splitlines()) == 1
+    raw["train"]["profiles"]["sample"]["parallel"].update(pp=1, dp=2)  # no pipeline: stage 0 is taken
+    parse_params(raw)

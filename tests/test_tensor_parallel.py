@@ -135,3 +135,61 @@ def test_gpt_with_tensor_parallel_two_matches_one_rank():
         assert len(diffs) > 20
         for what, d in diffs.items():
             assert d < 1e-10, f"rank {rank}: {what} differs by {d}"
+
+
+def _dropout_rank(rank: int, init: str, queue) -> None:
+    import os
+
+    import torch.distributed as dist
+    from deepspeed.runtime.activation_checkpointing import checkpointing
+
+    from trainer import rng
+    from trainer.config import ModelParams
+    from trainer.model import GPT
+    from trainer.topology import Coord
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    group = dist.group.WORLD
+    p = ModelParams(n_layer=2, n_head=4, d_model=32, vocab_size=128, seq_len=16, attention="softmax",
+                    fused_kernels=False, dropout=0.2)
+    model = GPT(p, group=group, seed=0).double().train()
+    masks = []
+    model.blocks[0].attn.drop.register_forward_hook(
+        lambda mod, inp, out: masks.append((out == 0) & (inp[0] != 0)) if inp[0].dim() == 4 else None)
+    tokens = torch.randint(0, 128, (3, 16), generator=torch.Generator().manual_seed(0))
+    rng.seed_streams(1234, Coord(data=0, pipe=0, model=rank))
+    logits = model(tokens)
+    found = {}
+    # attention probabilities: each rank drops over its own heads, from its own stream
+    heads = [torch.empty_like(masks[0]) for _ in range(2)]
+    dist.all_gather(heads, masks[0].contiguous())
+    found["heads' masks differ"] = not torch.equal(heads[0], heads[1])
+    found["dropped fraction"] = float(masks[0].float().mean())
+    # everything outside the regions is replicated: the same masks, so the same logits on both ranks
+    both = [torch.empty_like(logits) for _ in range(2)]
+    dist.all_gather(both, logits.contiguous())
+    found["logits agree"] = torch.equal(both[0], both[1])
+    # a recompute (DeepSpeed's activation checkpointing) draws the same masks, in both streams
+    x = model.wte(tokens[:, :8]).detach().requires_grad_(True)
+    grads = []
+    for recompute in (False, True):
+        rng.seed_streams(99, Coord(data=0, pipe=0, model=rank))
+        model.zero_grad()
+        block = model.blocks[1]
+        out = checkpointing.checkpoint(block, x) if recompute else block(x)
+        out.square().sum().backward()
+        grads.append([q.grad.clone() for q in block.parameters()])
+    found["recompute's gradients"] = max(float((a - b).abs().max()) for a, b in zip(*grads))
+    queue.put((rank, found))
+    dist.destroy_process_group()
+
+
+def test_dropout_under_tensor_parallelism_draws_as_megatron():
+    """Attention dropout at tp = 2 drew one mask for both ranks' heads (one default stream seeded alike on
+    both); now each rank's heads draw from its own stream, the replicated activations' masks agree, and
+    DeepSpeed's activation checkpointing recomputes the same masks."""
+    from tests.ranks import run_ranks
+    for rank, found in run_ranks(_dropout_rank).items():
+        assert found["heads' masks differ"] and found["logits agree"], (rank, found)
+        assert 0.1 < found["dropped fraction"] < 0.3, (rank, found)
+        assert found["recompute's gradients"] == 0.0, (rank, found)

@@ -56,6 +56,15 @@ def test_resume_at_the_same_layout_is_exact(uninterrupted, tmp_path):
     assert got == {k: v for k, v in losses(uninterrupted).items() if k > 4}
 
 
+def test_resume_with_dropout_under_tensor_parallelism_is_exact(tmp_path):
+    """Both dropout streams (trainer/rng.py) are in the checkpoint: the tensor-parallel one drawn by the
+    attention of each rank's heads too, so the resumed steps draw the masks the uninterrupted ones did."""
+    dropout = {"model": MODEL.model_copy(update={"dropout": 0.1})}
+    whole = train(spec(tmp_path / "whole", tp=2, pp=1, steps=6, **dropout))
+    got = resume_from(tmp_path / "whole", 4, spec(tmp_path / "resumed", tp=2, pp=1, steps=6, **dropout))
+    assert got == {k: v for k, v in whole.items() if k > 4}
+
+
 @pytest.mark.parametrize("tp,pp,dp", [(1, 2, 2), (2, 1, 1)])
 def test_resume_at_another_layout(uninterrupted, tmp_path, tp, pp, dp):
     got, want = resume_from(uninterrupted, 4, spec(tmp_path, tp=tp, pp=pp, dp=dp)), losses(uninterrupted)

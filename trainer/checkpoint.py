@@ -26,6 +26,7 @@ from safetensors.torch import save_file
 
 from tasks.core.errors import ConfigError, InputFileError, TrainingError
 from tasks.core.passes import remove_at_once
+from trainer import rng
 from trainer import tensor_parallel as tp
 from trainer.pipeline import plain_modules
 
@@ -133,7 +134,7 @@ def restore_scaler(scaler, state: dict | None) -> None:
 
 
 def _rng_state() -> dict[str, torch.Tensor]:
-    state = {"torch": torch.get_rng_state()}
+    state = {"torch": torch.get_rng_state(), **rng.tracker_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
@@ -334,16 +335,18 @@ def _load(engine, folder: Path) -> dict:
         for key in KEYS:
             _set(engine, param, key, tensors.local(f"{key}/{name}", module, attr))
     restore_scaler(loss_scaler(engine), meta.get("loss_scaler"))
-    rng = Path(folder) / f"rng-{engine.rank}.safetensors"
+    rng_file = Path(folder) / f"rng-{engine.rank}.safetensors"
     same_layout = meta["layout"] == {"tp": engine.par.tp, "pp": engine.par.pp, "dp": engine.par.dp}
-    if same_layout and rng.is_file():
+    if same_layout and rng_file.is_file():
         try:
-            with safe_open(str(rng), framework="pt") as f:
+            with safe_open(str(rng_file), framework="pt") as f:
                 torch.set_rng_state(f.get_tensor("torch"))
                 if "cuda" in f.keys() and torch.cuda.is_available():
                     torch.cuda.set_rng_state(f.get_tensor("cuda"))
+                if "tensor_parallel" in f.keys():  # checkpoints from before trainer/rng.py have none
+                    rng.restore_tracker_state(f.get_tensor("tensor_parallel"))
         except FileNotFoundError:
             raise
         except Exception as e:  # noqa: BLE001
-            raise _unreadable(rng, e) from None
+            raise _unreadable(rng_file, e) from None
     return meta

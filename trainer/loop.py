@@ -10,10 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-import torch
 
 from tasks.core.errors import ConfigError, TrainingError
-from trainer import checkpoint, schedule
+from trainer import checkpoint, rng, schedule
 from trainer.config import ModelParams, TrainParams
 from trainer.data import Samples, check_fits, replica_batch
 
@@ -76,9 +75,8 @@ def train(cfg: TrainParams, samples: Samples, out: Path, init_from: Path | None 
                           f"({schedule.global_batch(0, cfg.schedule, cfg.parallel, seq)})")
     schedule.check(cfg.schedule, cfg.parallel)
     engine = Engine.start(cfg.model, cfg.parallel, cfg.optim, cfg.seed)
-    # dropout: the same masks across a replica's tensor-parallel ranks (replicated activations must
-    # agree), different ones across replicas; a resume at the same layout restores the exact state
-    torch.manual_seed(cfg.seed * 1009 + engine.coord.data)
+    # dropout's streams (trainer/rng.py); a resume at the same layout restores their exact state
+    rng.seed_streams(cfg.seed, engine.coord)
     position = {"consumed_samples": 0, "consumed_tokens": 0}
     step = 0
     if found is not None:

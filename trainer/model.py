@@ -10,6 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import kernels
+from trainer import rng
 from trainer import tensor_parallel as tp
 from trainer.config import ModelParams
 
@@ -34,6 +35,7 @@ class Attention(nn.Module):
         if p.n_head % size:
             raise ValueError(f"n_head {p.n_head} is not divisible by the tensor-parallel size {size}")
         self.heads = p.n_head // size
+        self.split = size > 1  # this rank holds some heads only: their dropout draws from its own stream
         self.qkv = tp.ColumnParallelLinear(p.d_model, 3 * p.d_model, group)
         self.proj = tp.RowParallelLinear(p.d_model, p.d_model, group)
         self.drop = nn.Dropout(p.dropout)
@@ -44,15 +46,19 @@ class Attention(nn.Module):
         b, s, _ = x.shape
         hd = self.p.d_model // self.p.n_head
         q, k, v = self.qkv(x).view(b, s, self.heads, 3, hd).permute(3, 0, 2, 1, 4)
+        heads_rng = rng.tensor_parallel_region(self.split and self.training and self.p.dropout > 0)
         if mask is not None:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])
         elif self.p.attention == "sdpa":
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                 dropout_p=self.p.dropout if self.training else 0.0)
+            with heads_rng:
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                     dropout_p=self.p.dropout if self.training else 0.0)
         else:
             scores = q @ k.transpose(-2, -1)
             probs = kernels.scaled_causal_softmax(scores, 1.0 / math.sqrt(q.shape[-1]), fused=self.p.fused_kernels)
-            out = self.drop(probs) @ v
+            with heads_rng:
+                probs = self.drop(probs)
+            out = probs @ v
         return self.drop(self.proj(out.transpose(1, 2).reshape(b, s, self.heads * hd)))
 
 
