@@ -139,6 +139,12 @@ class Engine:
                            for mb in rows.split(self.par.micro_batch))
         return float(self.ds.train_batch(data_iter=iter(micro)))
 
+    def grad_norm(self) -> float | None:
+        """The last step's global gradient norm before clipping, as DeepSpeed's optimizer computed it
+        (ZeRO-1 and half precision; None under stage-0 fp32, whose clipping keeps no norm)."""
+        norm = self.ds.get_global_grad_norm()
+        return None if norm is None else float(norm)
+
     def close(self) -> None:
         """Leave the process group together: a rank exiting while gloo's threads still talk to its
         peers can abort ("terminate called without an active exception")."""

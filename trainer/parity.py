@@ -41,12 +41,17 @@ def plain_losses(run: ParityRun) -> list[float]:
     return [loop.train_step(batch) for batch in batches(run)]
 
 
-def engine_losses(run: ParityRun) -> list[float]:
+def engine_losses(run: ParityRun) -> tuple[list[float], list[float | None]]:
+    """The losses and the gradient norms before clipping, step by step (a parameter counted twice or
+    left out of the norm shows there at once, where it moves the loss by ~1e-5 only)."""
     from trainer.engine import Engine
     engine = Engine.start(run.model, run.parallel, run.optim, run.seed)
-    losses = [engine.train_step(engine.replica_rows(batch)) for batch in batches(run)]
+    losses, norms = [], []
+    for batch in batches(run):
+        losses.append(engine.train_step(engine.replica_rows(batch)))
+        norms.append(engine.grad_norm())
     engine.close()
-    return losses
+    return losses, norms
 
 
 def max_rel_diff(a: list[float], b: list[float]) -> float:
@@ -69,13 +74,13 @@ def main(argv: list[str]) -> int:
     from tasks.core.errors import describe
     try:
         run = ParityRun.model_validate_json(Path(argv[0]).read_text())
-        losses = engine_losses(run)
+        losses, norms = engine_losses(run)
     except Exception as e:  # noqa: BLE001 - one line and the exit code, as every entry point
         code, line = describe(e)
         print(line, file=sys.stderr)
         return code
     if int(os.environ.get("RANK", "0")) == 0:
-        Path(run.out).write_text(json.dumps({"losses": losses}))
+        Path(run.out).write_text(json.dumps({"losses": losses, "grad_norms": norms}))
     return 0
 
 
