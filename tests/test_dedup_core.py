@@ -52,12 +52,11 @@ def test_a_long_chain_and_no_edges():
     assert (components(5, np.empty((0, 2), np.int64)) == np.arange(5)).all()
 
 
-def test_the_highest_priority_dataset_keeps_its_copy_then_the_smallest_id():
-    labels = np.array([0, 0, 0, 3, 3, 5])
-    priority = np.array([2, 0, 0, 1, 1, 0])  # 0 = highest quality
-    ids = ["cc/9", "wiki/b", "wiki/a", "books/2", "books/1", "alone"]
-    keep = representatives(labels, priority, ids)
-    assert keep.tolist() == [2, 2, 2, 4, 4, 5]
+def test_the_highest_priority_dataset_keeps_its_copy_then_the_first_in_the_input():
+    labels = np.array([0, 0, 0, 3, 3, 5, 6, 6])
+    priority = np.array([2, 0, 0, 1, 1, 0, 0, 0])  # 0 = highest quality
+    keep = representatives(labels, priority)  # nodes in the input's order: shards by name, then rows
+    assert keep.tolist() == [1, 1, 1, 3, 3, 5, 6, 6]
 
 
 @pytest.mark.parametrize("order", [(0, 1, 2), (0, 2, 1), (2, 0, 1), (1, 0, 2)])

@@ -1,7 +1,8 @@
 """Connected components of the duplicate graph and the document each keeps: MT-NLG's rule, "a priority
 order based on the quality of the datasets when selecting a representative document from the duplicate
 documents in each connected component". The representative is the member from the highest-priority
-dataset, ties broken by the smallest document id (deterministic whatever the edge order)."""
+dataset, ties broken by the input's order (shards by name, then rows: the first seen, as NeMo Curator
+keeps the first; deterministic whatever the edge order)."""
 from __future__ import annotations
 
 import numpy as np
@@ -33,14 +34,11 @@ def components(n: int, edges: np.ndarray) -> np.ndarray:
         parent = grand
 
 
-def representatives(labels: np.ndarray, priority: np.ndarray, doc_ids) -> np.ndarray:
+def representatives(labels: np.ndarray, priority: np.ndarray) -> np.ndarray:
     """For each node, the index of the node its component keeps: lowest `priority` value first (0 =
-    highest-quality dataset), then the smallest document id (str, or UTF-8 bytes in a numpy array:
-    the same order)."""
-    ids = doc_ids if isinstance(doc_ids, np.ndarray) and doc_ids.dtype.kind == "S" else np.asarray(doc_ids, dtype=object)
-    id_rank = np.empty(len(ids), dtype=np.int64)
-    id_rank[np.argsort(ids, kind="stable")] = np.arange(len(ids))
-    order = np.lexsort((id_rank, priority, labels))  # by component, then priority, then id
+    highest-quality dataset), then the smallest node index, the input's order. (Not the smallest id:
+    ids end in unpadded row numbers, and ".../134" sorts before ".../14", which kept a later copy.)"""
+    order = np.lexsort((np.arange(len(labels)), priority, labels))  # by component, then priority, then index
     first = np.ones(len(order), dtype=bool)
     first[1:] = labels[order][1:] != labels[order][:-1]
     keep = np.empty(len(labels), dtype=np.int64)

@@ -17,7 +17,8 @@ class DedupParams(Strict):
     priority: list[str] = Field(
         default_factory=list,
         description="Datasets, highest quality first: a group of duplicates keeps its member from the first "
-                    "listed dataset (then the smallest id). Datasets not listed rank after all listed ones.")
+                    "listed dataset (then the first in the input's order: shards by name, rows in order). Datasets not "
+                    "listed rank after all listed ones.")
     exact: bool = Field(True, description="Remove exact duplicates of the normalised text before the fuzzy pass.")
     shingle: Literal["word", "char"] = Field("word", description="Shingles: word n-grams or character n-grams.")
     ngram: int = Field(5, ge=1, le=64, description="Shingle length in words (or characters).")

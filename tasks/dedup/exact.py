@@ -1,6 +1,6 @@
 """Pass 2 of dedup (global): every document's place in the global index, its dataset and priority
 rank, and exact duplicates of the normalised text removed first, each group keeping its member from
-the highest-priority dataset (then the smallest id)."""
+the highest-priority dataset (then the first in the input's order)."""
 from __future__ import annotations
 
 import json
@@ -38,7 +38,7 @@ def build_exact(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
     if p.dedup.exact and has_words.any():
         members = np.flatnonzero(has_words)
         _, first = np.unique(np.concatenate(keys)[members], return_inverse=True)
-        keep = members[representatives(first.ravel(), rank[members], ids_all[members])]
+        keep = members[representatives(first.ravel(), rank[members])]
         removed = keep != members
         dup_of[members[removed]] = keep[removed]
     with open(tmp / "docs.npz", "wb") as fh:

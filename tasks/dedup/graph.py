@@ -167,7 +167,7 @@ def build_components(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
     sets, off = _candidate_sets(ctx, candidates, layout) if d.verify else (np.zeros(0, np.uint32), np.zeros(1, np.int64))
     edges, checked, rejected = _link(n, members_all, starts_all, local, sets, off, d.threshold, d.max_centers, d.verify)
     labels = components(n, edges)
-    keep = representatives(labels, docs["rank"], docs["ids"])
+    keep = representatives(labels, docs["rank"])
     dup_of = docs["exact_dup_of"].copy()
     reason = np.where(dup_of >= 0, EXACT, 0).astype(np.int8)
     fuzzy = keep != np.arange(n)
