@@ -67,7 +67,7 @@ def main(argv=None) -> int:
         data = Path(tmp) / "data"
         generate(data, args.mb)
         p = parse_params({"paths": {"data_dir": str(data)}, "tokenize": {
-            "vocab_size": 8192, "seq_length": 1024, "train_tokens": 1,
+            "vocab_size": 8192, "seq_length": 1024, "train_tokens": 1024,  # one sample: a run to learn the sizes
             "blend": [{"dataset": n, "weight": w} for n, _, w in DATASETS]}})
         adopt_outputs(p, "decontaminate")
         # a first run to learn the corpus's size, then the budget = the corpus: epochs from 0.2 to ~5

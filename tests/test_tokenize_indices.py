@@ -54,7 +54,7 @@ def test_sample_index_identical_to_megatron(seq_length, epochs):
     rng = np.random.default_rng(seq_length)
     sizes = rng.integers(1, 300, size=400).astype(np.int32)
     sizes[::37] = 1  # one-token documents
-    doc_index = indices.document_index(sizes.size, epochs, seed=7)
+    doc_index = indices.document_index(sizes.size, epochs, np.random.RandomState(7))
     ours = indices.sample_index(sizes, doc_index, seq_length)
     theirs = helpers_cpp.build_sample_idx_int64(sizes, doc_index.astype(np.int32), seq_length, epochs,
                                                 int(sizes.sum()), True, 1)
@@ -63,7 +63,7 @@ def test_sample_index_identical_to_megatron(seq_length, epochs):
 
 def test_samples_cover_the_token_stream_with_one_token_overlap():
     sizes = np.array([5, 3, 9, 1, 7], dtype=np.int64)
-    doc_index = indices.document_index(5, 2, seed=1)
+    doc_index = indices.document_index(5, 2, np.random.RandomState(1))
     stream = np.concatenate([np.arange(sizes[d]) + 100 * d for d in doc_index])
     idx = indices.sample_index(sizes, doc_index, seq_length=4)
     for k in range(idx.shape[0] - 1):
@@ -74,12 +74,40 @@ def test_samples_cover_the_token_stream_with_one_token_overlap():
         assert len(stream[start:end + 1]) == 5
 
 
-def test_document_index_is_one_shuffled_pass_per_epoch_and_deterministic():
-    a = indices.document_index(1000, 3, seed=5)
-    for epoch in range(3):
-        assert sorted(a[epoch * 1000:(epoch + 1) * 1000]) == list(range(1000))
-    np.testing.assert_array_equal(a, indices.document_index(1000, 3, seed=5))
-    assert not np.array_equal(a[:1000], a[1000:2000])
+def test_document_index_shuffles_all_epochs_together_and_a_short_final_one_apart():
+    a = indices.document_index(1000, 3, np.random.RandomState(5))
+    assert a.dtype == np.int32 and (np.bincount(a) == 3).all()
+    assert sorted(a[:1000]) != list(range(1000))  # the epochs are mixed, as Megatron shuffles them
+    np.testing.assert_array_equal(a, indices.document_index(1000, 3, np.random.RandomState(5)))
+    b = indices.document_index(1000, 3, np.random.RandomState(5), separate_final=True)
+    assert sorted(b[2000:]) == list(range(1000)) and (np.bincount(b[:2000]) == 2).all()
+
+
+@pytest.mark.parametrize("samples", [100, 230, 260, 590])  # 1 epoch; 2.3 (final apart); 2.6 (not); 5.9
+def test_dataset_indices_identical_to_megatron_cores(samples):
+    from megatron.core.datasets.gpt_dataset import _build_document_index, _build_shuffle_index
+    rng = np.random.default_rng(samples)
+    sizes = rng.integers(1, 60, size=90).astype(np.int32)  # ~2,700 tokens: ~100 samples of 27 + 1 a pass
+    seq = 27
+    doc, sample, shuffle, epochs = indices.dataset_indices(sizes, samples, seq, seed=1234)
+    tokens = int(sizes.sum())
+    megatron_epochs = 1  # GPTDataset._get_num_epochs: passes until samples x seq + 1 tokens
+    while megatron_epochs * tokens < samples * seq + 1:
+        megatron_epochs += 1
+    assert epochs == megatron_epochs
+    sans_final = ((epochs - 1) * tokens - 1) // seq
+    separate = epochs > 1 and samples - sans_final < int(0.8 * ((tokens - 1) // seq))
+    state = np.random.RandomState(1234)
+    their_doc = _build_document_index(np.arange(sizes.size, dtype=np.int32), epochs, state, separate)
+    their_sample = helpers_cpp.build_sample_idx_int64(sizes, their_doc, seq, epochs, tokens, True, 1)
+    total = their_sample.shape[0] - 1
+    their_shuffle = _build_shuffle_index(sans_final if separate else total, total, state)
+    np.testing.assert_array_equal(doc, their_doc)
+    np.testing.assert_array_equal(sample, their_sample)
+    np.testing.assert_array_equal(shuffle, their_shuffle)
+
+
+def test_epochs_needed():
     assert indices.epochs_needed(10, tokens_per_epoch=100, seq_length=20) == 3  # 201 tokens
     assert indices.epochs_needed(0, 100, 20) == 0
 

@@ -100,6 +100,51 @@ def test_datasets_open_in_megatron_and_samples_follow_the_blend(tmp_path):
         assert (windows == sample).all(axis=1).any()
 
 
+class _Tokenizer:  # what megatron-core's GPTDataset asks of a tokenizer here
+    def __init__(self, eod: int, vocab: int):
+        self.eod, self.vocab_size, self.unique_identifiers = eod, vocab, {"class": "stage-tokenizer"}
+
+
+def _megatron_samples(prefixes, weights, seed, seq, samples, eod, vocab, cache, rank, init, queue):
+    """One gloo rank (megatron-core's builder wants a process group): its blended GPTDataset's samples."""
+    import torch.distributed as dist
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=1)
+    config = GPTDatasetConfig(random_seed=seed, sequence_length=seq, split="100,0,0", blend=(prefixes, weights),
+                              tokenizer=_Tokenizer(eod, vocab), path_to_cache=cache, reset_position_ids=False,
+                              reset_attention_mask=False, eod_mask_loss=False)
+    train, _, _ = BlendedMegatronDatasetBuilder(GPTDataset, [samples, 0, 0], lambda: True, config).build()
+    items = [train[k] for k in range(samples)]
+    queue.put((rank, np.stack([np.concatenate([x["tokens"].numpy(), x["labels"].numpy()[-1:]]) for x in items])))
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("train_tokens", [12000, 40000])  # books: ~1.5 epochs (its last apart), ~4.9
+def test_the_trainer_reads_megatron_cores_samples_in_its_order(tmp_path, train_tokens):
+    """megatron-core's BlendedDataset of GPTDatasets over the stage's files, its seed and weights, gives
+    the samples BlendedSamples gives, in the same order (its per-dataset sizes, one RandomState(seed)
+    per dataset, all epochs shuffled together, a short final epoch apart). Before: 0 of 750 the same,
+    and at 1.5 epochs a random half of the second pass was read while other documents were not reread."""
+    import functools
+
+    from tests.ranks import run_ranks
+    stats, p = run(tmp_path, train_tokens=train_tokens)
+    root = tmp_path / "data/tokenize"
+    manifest = read_manifest(root / "datasets")
+    names = stats["blend_order"]
+    prefixes = [str(root / "datasets" / stats["blend"][n]["prefix"]) for n in names]
+    target = functools.partial(_megatron_samples, prefixes, stats["weights_given"], p.tokenize.seed,
+                               p.tokenize.seq_length, stats["samples"], manifest["eod_id"], manifest["vocab_size"],
+                               str(tmp_path / "cache"))
+    theirs = run_ranks(target, world_size=1)[0]
+    ours = BlendedSamples(root / "blend", root / "datasets")
+    assert len(ours) == len(theirs) == stats["samples"]
+    assert stats["blend"]["books"]["index_epochs"] == (2 if train_tokens == 12000 else 5)
+    for k in range(len(ours)):
+        np.testing.assert_array_equal(ours[k], theirs[k], err_msg=f"sample {k}")
+
+
 def test_rerun_resumes_and_a_fresh_run_gives_the_same_bytes(tmp_path):
     _, p = run(tmp_path / "a")
     assert run_stage("tokenize", p)["up_to_date"]

@@ -2,10 +2,12 @@
 
 Weights are given per dataset (params `tokenize.blend`, normalised to sum 1 and reported when they
 did not), the token budget `train_tokens` gives train_tokens // seq_length samples, and each dataset's
-epochs follow: samples it is chosen for x seq_length / its tokens. Per dataset: a document index
-(one shuffled pass per epoch), a sample index (seq_length + 1 tokens per sample, crossing document
-boundaries) and a shuffle index; then the blend index: which dataset and which of its samples each
-training sample is, chosen as megatron-core's build_blending_indices chooses (tasks.tokenize.indices).
+epochs follow. Per dataset, as megatron-core's GPTDataset builds them for the same seed (sized for its
+share plus 0.5%, as megatron-core's blend builder sizes them): a document index (all epochs shuffled
+together, a short final epoch apart and last), a sample index (seq_length + 1 tokens per sample,
+crossing document boundaries) and a shuffle index; then the blend index: which dataset and which of
+its samples each training sample is, chosen as megatron-core's BlendedDataset chooses (the weights
+normalised again, as it does). The same files and seed give megatron-core's samples, in its order.
 """
 from __future__ import annotations
 
@@ -70,16 +72,16 @@ def build_blend(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
                           f"tokenize.seq_length ({t.seq_length:,}) tokens")
     num_samples = t.train_tokens // t.seq_length
     check_index_size(tmp, p, names, weights, manifest["datasets"], num_samples)
-    dataset_index, dataset_sample_index = indices.blending_indices(weights, num_samples)
+    # megatron-core's BlendedDataset normalises the builder's normalised weights again (the last bits
+    # can differ, and with them a tie of the greedy choice)
+    dataset_index, dataset_sample_index = indices.blending_indices(indices.normalise_weights(weights), num_samples)
     counts = np.bincount(dataset_index, minlength=len(names))
     rows = {}
     for i, name in enumerate(names):
         info = manifest["datasets"][name]
         ds = indexed.IndexedDataset(datasets_dir / info["prefix"])
-        epochs = indices.epochs_needed(int(counts[i]), info["tokens"], t.seq_length)
-        doc_index = indices.document_index(len(ds), epochs, t.seed + i)
-        sample_index = indices.sample_index(ds.lengths, doc_index, t.seq_length)
-        shuffle = indices.shuffle_index(sample_index.shape[0] - 1, t.seed + 1000 + i)
+        doc_index, sample_index, shuffle, epochs = indices.dataset_indices(
+            ds.lengths, indices.dataset_samples(weights[i], num_samples), t.seq_length, t.seed)
         out = tmp / info["prefix"]
         out.mkdir()
         np.save(out / "document_index.npy", doc_index)
@@ -101,17 +103,17 @@ def build_blend(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
 def index_bytes(names, weights, datasets: dict, num_samples: int, seq_length: int) -> tuple[int, int, str]:
     """(bytes of every index file, bytes held at once while building, the dataset needing the most
     epochs): the blend's two arrays plus, per dataset, its document, sample and shuffle indices, as
-    build_blend sizes them (a dataset is chosen for at most weight x samples + 1 samples)."""
+    build_blend sizes them (a dataset is built for its share plus 0.5%, at least one epoch)."""
     blend = num_samples * (2 + 8)
     total, peak, worst, most = blend, 0, "", -1
     for name, w in zip(names, weights):
         info = datasets[name]
-        epochs = indices.epochs_needed(int(w * num_samples) + 1, info["tokens"], seq_length)
+        epochs = max(1, indices.epochs_needed(indices.dataset_samples(w, num_samples), info["tokens"], seq_length))
         rows = epochs * info["tokens"] // seq_length + 2
-        size = 8 * info["documents"] * epochs + 16 * rows + 8 * rows
+        size = 4 * info["documents"] * epochs + 16 * rows + 8 * rows
         total += size
-        # the document index is concatenated from one permutation per epoch (two copies at once)
-        peak = max(peak, size + 8 * info["documents"] * epochs)
+        # a short final epoch is concatenated to the others (two copies at once)
+        peak = max(peak, size + 4 * info["documents"] * epochs)
         if epochs > most:
             worst, most = f"'{name}', {epochs:,} epochs of {info['tokens']:,} tokens", epochs
     return total, blend + peak, worst

@@ -5,16 +5,26 @@
   dataset with the largest error `weight * max(i, 1) - samples_taken` (the first on ties), in the
   same double arithmetic, so the choices are identical to Megatron's. MT-NLG's run is ~132M samples:
   a Python loop per sample would take minutes, the compiled loop takes about a second.
-- document_index: a dataset's documents repeated once per epoch, each epoch shuffled on its own.
-- sample_index: where each sample of seq_length + 1 tokens starts (position in the document index,
-  offset in that document); samples cross document boundaries. The same walk as helpers.cpp
-  `build_sample_idx` (drop_last_partial_sequence, add_extra_token_to_sequence = 1).
-- shuffle_index: a permutation of the samples.
+- dataset_indices: a dataset's document, sample and shuffle indices as megatron-core's GPTDataset builds
+  them (`_build_document_sample_shuffle_indices`), so the same files and seed give the same samples:
+  - document_index: the documents repeated once per epoch, all epochs shuffled together by one
+    numpy RandomState(seed); when the last epoch supplies under 80% of an epoch's samples it is
+    shuffled apart and put last (`separate_final_epoch`), so every full epoch is read before it;
+  - sample_index: where each sample of seq_length + 1 tokens starts (position in the document index,
+    offset in that document); samples cross document boundaries. The same walk as helpers.cpp
+    `build_sample_idx` (drop_last_partial_sequence, add_extra_token_to_sequence = 1);
+  - shuffle_index: a permutation of the samples by the same RandomState (the final epoch's apart).
+  Every dataset's RandomState starts from the same seed, as in Megatron.
 """
 from __future__ import annotations
 
+import math
+
 import numba
 import numpy as np
+
+SURPLUS = 0.005  # megatron-core builds each blended dataset for ceil(ceil(samples x weight) x 1.005) samples
+FINAL_EPOCH = 0.8  # a last epoch giving fewer than this share of an epoch's samples is shuffled apart
 
 
 @numba.njit(cache=True)
@@ -53,10 +63,19 @@ def blending_indices(weights, size: int) -> tuple[np.ndarray, np.ndarray]:
     return dataset_index, dataset_sample_index
 
 
-def document_index(documents: int, epochs: int, seed: int) -> np.ndarray:
-    """Document ids for `epochs` passes, each pass in its own random order (int64)."""
-    rng = np.random.Generator(np.random.PCG64(seed))
-    return np.concatenate([rng.permutation(documents) for _ in range(epochs)]) if epochs else np.zeros(0, np.int64)
+def dataset_samples(weight: float, samples: int) -> int:
+    """The samples megatron-core builds a blended dataset for: its share of the blend plus 0.5%."""
+    return int(math.ceil(math.ceil(samples * weight) * (1 + SURPLUS)))
+
+
+def document_index(documents: int, epochs: int, state: np.random.RandomState, separate_final: bool = False) -> np.ndarray:
+    """Document ids for `epochs` passes (int32), shuffled together by `state`; with `separate_final` the
+    last pass is shuffled on its own and put last (megatron-core's `_build_document_index`)."""
+    if separate_final and epochs > 1:
+        return np.concatenate([document_index(documents, epochs - 1, state), document_index(documents, 1, state)])
+    out = np.tile(np.arange(documents, dtype=np.int32), epochs)
+    state.shuffle(out)
+    return out
 
 
 @numba.njit(cache=True)
@@ -98,8 +117,33 @@ def sample_index(sizes: np.ndarray, doc_index: np.ndarray, seq_length: int) -> n
     return out
 
 
-def shuffle_index(num_samples: int, seed: int) -> np.ndarray:
-    return np.random.Generator(np.random.PCG64(seed)).permutation(num_samples)
+def shuffle_index(first: int, total: int, state: np.random.RandomState) -> np.ndarray:
+    """The first `first` samples shuffled, then the rest shuffled apart (megatron-core's `_build_shuffle_index`)."""
+    dtype = np.uint32 if total < np.iinfo(np.uint32).max - 1 else np.int64
+    head = np.arange(first, dtype=dtype)
+    state.shuffle(head)
+    if first == total:
+        return head
+    tail = np.arange(first, total, dtype=dtype)
+    state.shuffle(tail)
+    return np.concatenate([head, tail])
+
+
+def dataset_indices(sizes: np.ndarray, samples: int, seq_length: int, seed: int):
+    """(document_index, sample_index, shuffle_index, epochs) of a dataset of documents `sizes` read for
+    `samples` samples, as megatron-core's GPTDataset builds them with `random_seed` = seed."""
+    sizes = np.ascontiguousarray(sizes, dtype=np.int64)
+    tokens = int(sizes.sum())
+    epochs = max(1, epochs_needed(samples, tokens, seq_length))
+    separate, sans_final = False, 0
+    if epochs > 1:
+        sans_final = ((epochs - 1) * tokens - 1) // seq_length
+        separate = samples - sans_final < int(FINAL_EPOCH * ((tokens - 1) // seq_length))
+    state = np.random.RandomState(seed)
+    doc_index = document_index(len(sizes), epochs, state, separate)
+    sample_idx = sample_index(sizes, doc_index, seq_length)
+    total = sample_idx.shape[0] - 1
+    return doc_index, sample_idx, shuffle_index(sans_final if separate else total, total, state), epochs
 
 
 def epochs_needed(samples: int, tokens_per_epoch: int, seq_length: int) -> int:
