@@ -151,3 +151,23 @@ def test_the_digest_leaves_out_what_python_versions_add_empty():
             node.type_params = []
             node._fields = (*node._fields, "type_params")
     assert source._canonical(tree) == plain
+
+
+def test_a_parse_failed_by_another_threads_parse_is_tried_again(tmp_path, monkeypatch):
+    """CPython 3.11's AST constructor shares its recursion depth between threads: a parse beside another
+    can fail with a spurious SystemError (python/cpython#106905), which failed a stage in CI."""
+    f = tmp_path / "m.py"
+    f.write_text("x = 1\n")
+    want, real, calls = source.file_digest(f), ast.parse, []
+
+    def flaky(data, filename="<unknown>"):
+        calls.append(filename)
+        if len(calls) <= 2:
+            raise SystemError("AST constructor recursion depth mismatch (before=39, after=72)")
+        return real(data, filename=filename)
+    monkeypatch.setattr(source.ast, "parse", flaky)
+    assert source.file_digest(f) == want and len(calls) == 3
+    calls.clear()
+    monkeypatch.setattr(source.ast, "parse", lambda *a, **k: (_ for _ in ()).throw(SystemError("another")))
+    with pytest.raises(SystemError, match="another"):
+        source.file_digest(f)

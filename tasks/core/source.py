@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import threading
 from pathlib import Path
 
 # the folder holding tasks/, trainer/, kernels/: a stage names its folders relative to it
@@ -40,11 +41,31 @@ def _canonical(node) -> str:
     return repr(node)
 
 
+_PARSING = threading.Lock()
+MISMATCH = "AST constructor recursion depth mismatch"
+
+
+def parse(data: bytes, filename: str, tries: int = 5) -> ast.AST:
+    """ast.parse, safe beside other threads. CPython 3.11 keeps the AST constructor's recursion depth in
+    state its threads share: a parse that another thread's parse interrupts (a garbage collection can
+    switch threads mid-way) fails with a spurious SystemError (python/cpython#106905; a CI run's stage
+    failed with it while Prefect's threads ran). This process's parses take turns, and one that meets
+    another library's is tried again."""
+    for attempt in range(tries):
+        try:
+            with _PARSING:
+                return ast.parse(data, filename=filename)
+        except SystemError as e:
+            if MISMATCH not in str(e) or attempt == tries - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 def file_digest(path: Path) -> bytes:
     data = path.read_bytes()
     if path.suffix == ".py":
         try:
-            return _canonical(_without_docstrings(ast.parse(data, filename=str(path)))).encode()
+            return _canonical(_without_docstrings(parse(data, str(path)))).encode()
         except SyntaxError:  # not Python after all: its bytes
             pass
     return data
