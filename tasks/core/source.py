@@ -51,14 +51,15 @@ def parse(data: bytes, filename: str, tries: int = 5) -> ast.AST:
     switch threads mid-way) fails with a spurious SystemError (python/cpython#106905; a CI run's stage
     failed with it while Prefect's threads ran). This process's parses take turns, and one that meets
     another library's is tried again."""
-    for attempt in range(tries):
+    for _ in range(tries - 1):
         try:
             with _PARSING:
                 return ast.parse(data, filename=filename)
         except SystemError as e:
-            if MISMATCH not in str(e) or attempt == tries - 1:
+            if MISMATCH not in str(e):
                 raise
-    raise AssertionError("unreachable")
+    with _PARSING:  # the last try: its error is raised
+        return ast.parse(data, filename=filename)
 
 
 def file_digest(path: Path) -> bytes:

@@ -108,7 +108,7 @@ def index_bytes(names, weights, datasets: dict, num_samples: int, seq_length: in
     total, peak, worst, most = blend, 0, "", -1
     for name, w in zip(names, weights):
         info = datasets[name]
-        epochs = max(1, indices.epochs_needed(indices.dataset_samples(w, num_samples), info["tokens"], seq_length))
+        epochs = indices.dataset_epochs(indices.dataset_samples(w, num_samples), info["tokens"], seq_length)
         rows = epochs * info["tokens"] // seq_length + 2
         size = 4 * info["documents"] * epochs + 16 * rows + 8 * rows
         total += size

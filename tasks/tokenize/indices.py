@@ -129,12 +129,17 @@ def shuffle_index(first: int, total: int, state: np.random.RandomState) -> np.nd
     return np.concatenate([head, tail])
 
 
+def dataset_epochs(samples: int, tokens: int, seq_length: int) -> int:
+    """The passes megatron-core's GPTDataset makes over a dataset of `tokens` for `samples`: at least one."""
+    return max(1, epochs_needed(samples, tokens, seq_length))
+
+
 def dataset_indices(sizes: np.ndarray, samples: int, seq_length: int, seed: int):
     """(document_index, sample_index, shuffle_index, epochs) of a dataset of documents `sizes` read for
     `samples` samples, as megatron-core's GPTDataset builds them with `random_seed` = seed."""
     sizes = np.ascontiguousarray(sizes, dtype=np.int64)
     tokens = int(sizes.sum())
-    epochs = max(1, epochs_needed(samples, tokens, seq_length))
+    epochs = dataset_epochs(samples, tokens, seq_length)
     separate, sans_final = False, 0
     if epochs > 1:
         sans_final = ((epochs - 1) * tokens - 1) // seq_length
