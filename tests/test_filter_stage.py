@@ -100,6 +100,21 @@ def test_suite_fails_a_classifier_that_keeps_everything(extracted, tmp_path):
         validate_stage("filter", p)
 
 
+def test_the_calibration_and_the_fit_always_have_documents(extracted, tmp_path):
+    # a holdout fraction no hash of the test sample's ~20 curated pages falls under: one page of each class is
+    # held out all the same, so the Elkan-Noto scale is measured (it stayed 1: raw probabilities went to the
+    # Pareto rule and kept almost no crawl); and one that takes every page still leaves one of each to train on
+    for holdout, trained, held in ((1e-9, None, 1), (1 - 1e-9, 1, None)):
+        data = copy(extracted, tmp_path, f"h{holdout}")
+        run_stage("filter", params(extracted, data, holdout=holdout))
+        with np.load(data / "filter/classifier/model.npz", allow_pickle=False) as z:
+            meta = json.loads(bytes(z["meta"]).decode())
+        if held:
+            assert meta["heldout_positives"] == meta["heldout_negatives"] == held and meta["scale"] < 1
+        else:
+            assert meta["train_positives"] == meta["train_negatives"] == trained and meta["heldout_positives"] > 1
+
+
 def test_no_positives_or_negatives_is_a_clear_error(extracted, tmp_path):
     data = copy(extracted, tmp_path, "e")
     with pytest.raises(ConfigError, match=r"filter.classifier.positives: none of 'Books3', 'Wikipedia' is a dataset of "

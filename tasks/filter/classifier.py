@@ -74,7 +74,9 @@ def train(pos: list[str], neg: list[str], held_pos: list[str], held_neg: list[st
             "train_positives": len(pos), "train_negatives": len(neg)}
     model = QualityModel(lr.coef_[0], lr.intercept_[0], 1.0, meta)
     p_pos, p_neg = model.raw(held_pos), model.raw(held_neg)
-    if c.calibration == "elkan_noto" and len(p_pos):
+    if c.calibration == "elkan_noto":
+        if not len(p_pos):
+            raise ConfigError("filter.classifier.calibration: elkan_noto needs held-out positive documents, got none")
         model.scale = float(p_pos.mean())
     auc = float(roc_auc_score(np.r_[np.ones(len(p_pos)), np.zeros(len(p_neg))], np.r_[p_pos, p_neg])) \
         if len(p_pos) and len(p_neg) else None

@@ -93,23 +93,20 @@ def _training_docs(p: PipelineParams, ctx: Context) -> dict[str, list[str]]:
         t = pq.read_table(f, columns=["id", "dataset", "reason"])
         ids, ds, reason = t.column("id").to_pylist(), t.column("dataset").to_pylist(), t.column("reason").to_pylist()
         seen.update(ds)
-        rank, held = unit(c.seed, ids, "train"), unit(c.seed, ids, "holdout") < c.holdout
+        rank, hold = unit(c.seed, ids, "train"), unit(c.seed, ids, "holdout")
         for i in range(len(ids)):
             if ds[i] in c.positives and reason[i]:
                 dropped[reason[i]] += 1
             cls = "pos" if ds[i] in c.positives and not reason[i] else "neg" if ds[i] in c.negatives else None
             if cls:
-                picks[cls].append((rank[i], ids[i], bool(held[i])))
+                picks[cls].append((rank[i], ids[i], float(hold[i])))
     for cls, names in (("pos", c.positives), ("neg", c.negatives)):
         if not picks[cls]:
             raise ConfigError(f"filter.classifier: no {'positive' if cls == 'pos' else 'negative'} documents: "
                               f"{', '.join(names) or '(none listed)'} "
                               + ("are all dropped by the rules (" + ", ".join(f"{r}: {n:,}" for r, n in dropped.most_common(3))
                                  + ")" if cls == "pos" and dropped else _present(seen)))
-    chosen = {}
-    for cls in picks:
-        for _, i, h in sorted(picks[cls])[:c.max_train_docs]:
-            chosen[i] = (cls, h)
+    chosen = {i: (cls, h) for cls in picks for i, h in split_heldout(cls, picks[cls], c.max_train_docs, c.holdout)}
     out: dict[str, list[str]] = {"pos": [], "neg": [], "held_pos": [], "held_neg": []}
     for f in _ruled(ctx):
         t = pq.read_table(f, columns=["id", "text"])
@@ -118,6 +115,25 @@ def _training_docs(p: PipelineParams, ctx: Context) -> dict[str, list[str]]:
                 cls, held = chosen[i]
                 out[("held_" if held else "") + cls].append(text)
     return out
+
+
+def split_heldout(cls: str, picks: list[tuple[float, str, float]], max_docs: int, holdout: float) -> list[tuple[str, bool]]:
+    """A class's documents for the classifier, (id, held out): the first max_docs by their rank hash; held out
+    where their holdout hash is below `holdout`, but never none nor all of them: without a held-out positive
+    the Elkan-Noto scale is never measured (raw probabilities went to the Pareto rule, keeping almost no
+    crawl), and without a training one the fit has one class."""
+    chosen = sorted(picks)[:max_docs]
+    name = "positive" if cls == "pos" else "negative"
+    if len(chosen) < 2:
+        raise ConfigError(f"filter.classifier: 1 {name} document, the classifier needs two (one to train on, "
+                          f"one held out for the calibration and the AUC)")
+    held = [u < holdout for _, _, u in chosen]
+    us = [u for _, _, u in chosen]
+    if not any(held):
+        held[us.index(min(us))] = True
+    elif all(held):
+        held[us.index(max(us))] = False
+    return [(i, h) for (_, i, _), h in zip(chosen, held)]
 
 
 def build_classifier(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
