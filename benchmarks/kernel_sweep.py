@@ -33,6 +33,13 @@ from kernels.layer_norm import layouts as layer_norm_layouts
 UNCAPPED = 1 << 20  # blocks per multiprocessor: no cap, one grid-stride step (rows / rows per block)
 
 
+# The bias-GeLU backward's tilings and the LayerNorm forward's shapes the sweep times beside the default
+# (compiled by the nvcc check: kernels.bias_gelu.BACKWARD_TILINGS, runtime.every_instantiation)
+GELU_BWD = [BACKWARD, Tiling(threads_per_sm=512), Tiling(threads_per_sm=2048), Tiling(rows=2),
+            Tiling(threads=256), Tiling(interleaved=False)]
+LN_FWD = [("block", 1, 128, None, {}), ("warp", 4, 128, None, {"stream": True}),
+          ("warp", 4, 256, None, {"stream": True}), ("warp", 4, 128, None, {})]
+
 # The LayerNorm backward's shapes beside the default, as (kind, slots, threads, blocks per SM cap,
 # RowLayout's variant fields): fewer threads with more slots, a cap on resident blocks, two rows per
 # iteration, dgamma/dbeta accumulated in shared memory, register caps that buy resident blocks, and
@@ -102,17 +109,13 @@ def cases(dtype):
     scores = torch.randn(batches, sq, sq, device="cuda", dtype=dtype)
     tri = batches * sq * (sq + 1) // 2
 
-    gelu_bwd = [BACKWARD, Tiling(threads_per_sm=512), Tiling(threads_per_sm=2048), Tiling(rows=2),
-                Tiling(threads=256), Tiling(interleaved=False)]
     gelu = [("fwd", "grid-stride", FusedBiasGelu.apply)]
-    gelu += [("bwd", t, (lambda t: lambda a, c: FusedBiasGelu.apply(a, c, t))(t)) for t in gelu_bwd]
+    gelu += [("bwd", t, (lambda t: lambda a, c: FusedBiasGelu.apply(a, c, t))(t)) for t in GELU_BWD]
 
     f, vec = "layer_norm.cu", runtime.vector_width(h, x, w, b)
     ln_now = layer_norm_layouts(x, w, b)
-    ln_fwd = [("block", 1, 128, None, {}), ("warp", 4, 128, None, {"stream": True}),
-              ("warp", 4, 256, None, {"stream": True}), ("warp", 4, 128, None, {})]
     ln = []
-    for direction, kernel, specs in (("fwd", "layer_norm_fwd", ln_fwd), ("bwd", "layer_norm_bwd", LN_BWD)):
+    for direction, kernel, specs in (("fwd", "layer_norm_fwd", LN_FWD), ("bwd", "layer_norm_bwd", LN_BWD)):
         for kind, slots, threads, per_sm, variant in specs:
             ln.append((direction, kernel, vec, slots, kind == "warp", threads, per_sm, variant))
 

@@ -35,6 +35,8 @@ class Tiling:
 # 2 rows in flight, 1024 threads per multiprocessor, contiguous chunks 0.62; 1 row 0.82; 1 row with
 # interleaved chunks 0.84 (more rows in flight left fewer threads resident)
 BACKWARD = Tiling()  # the defaults above
+# (rows, interleaved) of every backward tiling the nvcc check compiles: the default's and the sweep's others
+BACKWARD_TILINGS = ((1, True), (2, True), (1, False))
 
 
 def _forward(x: torch.Tensor, bias: torch.Tensor, y: torch.Tensor) -> None:

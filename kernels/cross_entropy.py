@@ -93,12 +93,34 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
     @torch.autograd.function.once_differentiable  # the gradients are constants computed in forward
     def backward(ctx, grad_loss):
         grad_hidden, grad_weight, factor = ctx.saved_tensors
-        grad_loss = grad_loss.float()  # 0-dim: the products keep the gradients' dtype, computed in fp32
+        grad_loss = grad_loss.float()
         if factor is not None:  # fp16: the deferred factor, with the loss scale
             grad_loss = grad_loss * factor
-        return (None if grad_hidden is None else (grad_hidden * grad_loss).to(ctx.dtypes[0]),
-                None if grad_weight is None else (grad_weight * grad_loss).to(ctx.dtypes[1]),
+        return (None if grad_hidden is None else scaled(grad_hidden, grad_loss, ctx.dtypes[0]),
+                None if grad_weight is None else scaled(grad_weight, grad_loss, ctx.dtypes[1]),
                 None, None, None, None, None, None, None)
+
+
+# (held, parameter) dtypes of the backward's scaling: bf16 and fp32 hold their own dtype, fp16 holds fp32
+SCALE_DTYPES = ((torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.float32, torch.float16))
+
+
+def scale_expression(held: torch.dtype, out: torch.dtype, vec: int) -> str:
+    return f"xent_scale<{runtime.CUDA_TYPE[held]}, {runtime.CUDA_TYPE[out]}, {vec}>"
+
+
+def scaled(held: torch.Tensor, factor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """held x factor (0-dim) multiplied in fp32, in `dtype`. Not torch's `held * factor`: on CUDA it rounds
+    a 0-dim fp32 tensor to a bf16 operand's dtype before multiplying (1/3 -> 0.33398)."""
+    out = torch.empty(held.shape, dtype=dtype, device=held.device)
+    vec = 16 // held.element_size()
+    if held.numel() % vec or held.data_ptr() % 16:
+        vec = 1
+    n_vec = held.numel() // vec
+    blocks = max(1, min(-(-n_vec // 256), runtime.multiprocessors(held.device) * 16))
+    runtime.launch(FILE, scale_expression(held.dtype, dtype, vec), (blocks,), (256,),
+                   (held, out, factor.to(held.device, torch.float32).contiguous(), runtime.i64(n_vec)))
+    return out
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, *,

@@ -244,13 +244,15 @@ BACKWARD_VARIANTS = ((False, 1, 2, False), (False, 1, 2, True), (False, 1, 1, Tr
 def every_instantiation() -> dict[str, list[str]]:
     """Each source file and the instantiations the wrappers can ask of it, and the LayerNorm backward
     variants of the launch-shape sweep (used by the nvcc check)."""
-    from kernels.bias_gelu import BACKWARD as backward  # bias_gelu imports this module
+    from kernels.bias_gelu import BACKWARD_TILINGS  # bias_gelu and cross_entropy import this module
+    from kernels.cross_entropy import SCALE_DTYPES, scale_expression
     out: dict[str, list[str]] = {}
     for dtype in CUDA_TYPE:
         full = 16 // torch.tensor([], dtype=dtype).element_size()
         for vec in sorted({full, 1}):
             out.setdefault("bias_gelu.cu", []).append(expression("bias_gelu_fwd", dtype, vec))
-            out["bias_gelu.cu"].append(expression("bias_gelu_bwd", dtype, vec, backward.rows, backward.interleaved))
+            out["bias_gelu.cu"] += [expression("bias_gelu_bwd", dtype, vec, rows, interleaved)
+                                    for rows, interleaved in BACKWARD_TILINGS]
             out.setdefault("cross_entropy.cu", []).extend(
                 expression(k, dtype, vec) for k in ("xent_stats", "xent_grad"))
             layouts = [RowLayout(vec, 1, True, 256)] + [RowLayout(vec, s, False, 0) for s in (1, 2, 4, 8)]
@@ -259,9 +261,11 @@ def every_instantiation() -> dict[str, list[str]]:
                     out.setdefault(f"{k}.cu", []).append(expression(f"{k}_fwd", dtype, lay))
                     if lay.slots <= 4:
                         out[f"{k}.cu"].append(expression(f"{k}_bwd", dtype, lay))
-            out["layer_norm.cu"] += [expression("layer_norm_fwd", dtype, RowLayout(vec, s, True, 128, stream=True))
-                                     for s in (2, 4)]  # row_layout's warp_slots=4 (the LayerNorm forward)
+            out["layer_norm.cu"] += [expression("layer_norm_fwd", dtype, RowLayout(vec, s, True, 128, stream=stream))
+                                     for s in (2, 4) for stream in (True, False)]  # warp_slots=4; unstreamed: the sweep's
             out["layer_norm.cu"] += [expression("layer_norm_bwd", dtype, RowLayout(vec, s, w, 0, rows=r, shared_acc=a))
                                      for w, s, r, a in BACKWARD_VARIANTS]
+    out["cross_entropy.cu"] += [scale_expression(held, dtype, vec) for held, dtype in SCALE_DTYPES
+                                for vec in sorted({16 // torch.tensor([], dtype=held).element_size(), 1})]
     out["minhash.cu"] = ["minhash_signatures"]  # dedup's signatures (tasks/dedup/gpu.py): integers only
     return out

@@ -177,17 +177,20 @@ def test_every_layout_the_wrappers_can_launch_is_in_the_nvcc_check(monkeypatch):
         runtime.row_layout.cache_clear()
 
 
-def test_the_sweeps_layer_norm_backward_variants_are_in_the_nvcc_check():
-    """benchmarks/kernel_sweep.py times LayerNorm backward variants compiled by NVRTC at run time; the
+def test_the_sweeps_variants_are_in_the_nvcc_check():
+    """benchmarks/kernel_sweep.py times LayerNorm and bias-GeLU variants compiled by NVRTC at run time; the
     nvcc check compiles each, so a variant that does not build is found in CI, not on a lent GPU."""
-    from benchmarks.kernel_sweep import LN_BWD
+    from benchmarks.kernel_sweep import GELU_BWD, LN_BWD, LN_FWD
     from kernels import runtime
-    listed = runtime.every_instantiation()["layer_norm.cu"]
+    listed = runtime.every_instantiation()
     for dtype in runtime.CUDA_TYPE:
         vec = 16 // torch.tensor([], dtype=dtype).element_size()
-        for kind, slots, threads, _, variant in LN_BWD:
-            lay = runtime.RowLayout(vec, slots, kind == "warp", threads, **variant)
-            assert runtime.expression("layer_norm_bwd", dtype, lay) in listed, lay
+        for kernel, specs in (("layer_norm_fwd", LN_FWD), ("layer_norm_bwd", LN_BWD)):
+            for kind, slots, threads, _, variant in specs:
+                lay = runtime.RowLayout(vec, slots, kind == "warp", threads, **variant)
+                assert runtime.expression(kernel, dtype, lay) in listed["layer_norm.cu"], (kernel, lay)
+        for t in GELU_BWD:
+            assert runtime.expression("bias_gelu_bwd", dtype, vec, t.rows, t.interleaved) in listed["bias_gelu.cu"], t
     assert runtime.expression("layer_norm_bwd", torch.bfloat16, runtime.RowLayout(8, 1, False, 128, rows=2, shared_acc=True)) \
         == "layer_norm_bwd<bf16, 8, 1, false, 2, true>"
     assert runtime.expression("layer_norm_bwd", torch.bfloat16, runtime.RowLayout(8, 4, True, 128, shared_acc=True)) \

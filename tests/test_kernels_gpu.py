@@ -145,6 +145,25 @@ def test_linear_cross_entropy(dtype, tokens, vocab, hidden, chunk, reduction):
     close(dw, rdw, dtype, "xent dweight")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cross_entropy_backward_multiplies_the_incoming_gradient_in_fp32(dtype):
+    """DeepSpeed's backward passes 1/gradient-accumulation-steps to the loss: the gradients at 1/3 are the
+    gradients at 1 times fp32's 1/3, rounded once (torch's bf16 * CUDA 0-dim fp32 rounded 1/3 to 0.33398
+    first: every gradient x1.0018)."""
+    h = torch.randn(777, 64, device="cuda", dtype=dtype)
+    w = torch.randn(1001, 64, device="cuda", dtype=dtype) * 0.1
+    t = torch.randint(0, 1001, (777,), device="cuda")
+
+    def fused(h, w):
+        return FusedLinearCrossEntropy.apply(h, w, t, -100, "mean", 256, None, 0, True)
+
+    third = torch.tensor(1 / 3, device="cuda")
+    _, at_one = grads(fused, [h, w], torch.tensor(1.0, device="cuda"))
+    _, at_third = grads(fused, [h, w], third)
+    for one, got in zip(at_one, at_third):
+        assert torch.equal(got, (one.float() * third).to(dtype))
+
+
 def test_fp16_cross_entropy_gradients_survive_many_tokens_under_a_loss_scale():
     """fp16 training: 1/tokens x softmax (~1e-9 here) is below fp16's smallest number, so a gradient
     finished in forward loses every non-target logit's share; the fused loss defers 1/tokens to backward,

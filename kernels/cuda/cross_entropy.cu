@@ -52,3 +52,21 @@ __global__ void xent_grad(T* __restrict__ logits, const long long* __restrict__ 
     store_vec<T, VEC>(xr + v * VEC, a);
   }
 }
+
+// Backward: the gradients held since forward times the incoming gradient, a device scalar, in fp32,
+// written in the parameters' dtype. torch's own product rounds a CUDA 0-dim fp32 operand to a bf16
+// tensor's dtype first (DeepSpeed's 1/3 for 3 accumulation steps became 0.33398: every gradient
+// x1.0018). Grid-stride, VEC elements per step; fp16 reads its fp32-held gradients (deferred factor).
+template <typename TIN, typename TOUT, int VEC>
+__global__ void xent_scale(const TIN* __restrict__ held, TOUT* __restrict__ out, const float* __restrict__ factor,
+                           long long n_vec) {
+  const float f = *factor;
+  for (long long v = blockIdx.x * (long long)blockDim.x + threadIdx.x; v < n_vec;
+       v += (long long)gridDim.x * blockDim.x) {
+    float a[VEC];
+    load_vec<TIN, VEC>(held + v * VEC, a);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) a[k] *= f;
+    store_vec<TOUT, VEC>(out + v * VEC, a);
+  }
+}
