@@ -125,6 +125,25 @@ def test_model_is_the_same_function_with_and_without_fused_kernels():
     assert la.item() == pytest.approx(math.log(96), rel=0.05), "a fresh model predicts near-uniformly"
 
 
+def test_softmax_attention_scales_fp16_scores_in_the_matmul_as_megatron():
+    """attention='softmax' computes the scores as Megatron's baddbmm(alpha=1/sqrt(head dim)): fp16 scores of
+    q . k about 2e5 (2.5e4 scaled) are finite; q @ k^T first overflowed to inf and the softmax gave NaN."""
+    from trainer.model import Attention
+    p = ModelParams(n_layer=1, n_head=1, d_model=64, vocab_size=96, seq_len=8, attention="softmax")
+    att = {a: Attention(p.model_copy(update={"attention": a})).half() for a in ("softmax", "sdpa")}
+    att["sdpa"].load_state_dict(att["softmax"].state_dict())
+    x = torch.full((1, 8, 64), 56.0, dtype=torch.float16)  # q = k = 56 per feature: q . k = 64 * 56^2 = 200704
+    for a in att.values():
+        with torch.no_grad():
+            a.qkv.weight.zero_(), a.qkv.bias.zero_()
+            a.qkv.weight[:128].fill_(1 / 64)  # q and k: the mean of x's features
+            a.qkv.weight[128:].copy_(torch.eye(64))
+            a.proj.weight.copy_(torch.eye(64))  # left uninitialised by the layer (GPT initialises it)
+    out = att["softmax"](x)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), att["sdpa"](x).float(), rtol=1e-2, atol=1e-2)
+
+
 def test_model_params_refuse_heads_that_do_not_divide():
     with pytest.raises(ValueError, match="n_head 5 does not divide d_model 64"):
         ModelParams(n_head=5, d_model=64)

@@ -54,8 +54,12 @@ class Attention(nn.Module):
                 out = F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                      dropout_p=self.p.dropout if self.training else 0.0)
         else:
-            scores = q @ k.transpose(-2, -1)
-            probs = kernels.scaled_causal_softmax(scores, 1.0 / math.sqrt(q.shape[-1]), fused=self.p.fused_kernels)
+            # scaled in the matmul's epilogue, as Megatron's baddbmm(alpha=1/sqrt(hd)): unscaled fp16 scores
+            # would overflow sqrt(hd) times sooner
+            q3, k3 = q.reshape(-1, s, hd), k.reshape(-1, s, hd)
+            scores = torch.baddbmm(q3.new_empty(q3.shape[0], s, s), q3, k3.transpose(1, 2), beta=0.0,
+                                   alpha=1.0 / math.sqrt(hd)).view(b, self.heads, s, s)
+            probs = kernels.scaled_causal_softmax(scores, 1.0, fused=self.p.fused_kernels)
             with heads_rng:
                 probs = self.drop(probs)
             out = probs @ v
