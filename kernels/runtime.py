@@ -25,16 +25,23 @@ def source(name: str) -> str:
     return (SOURCE_DIR / "common.cuh").read_text() + "\n" + (SOURCE_DIR / name).read_text()
 
 
-@functools.cache
 def fused_available() -> bool:
     """True when a CUDA device and CuPy are both usable; the torch reference paths are used otherwise."""
+    return why_unavailable() is None
+
+
+@functools.cache
+def why_unavailable() -> str | None:
+    """Why the fused kernels cannot run here, in a few words; None when they can."""
     if not torch.cuda.is_available():
-        return False
+        return "no CUDA device"
     try:
         import cupy
-    except ImportError:
-        return False
-    return bool(cupy.is_available())
+    except ImportError as e:
+        return f"CuPy is not importable: {e}"
+    if not cupy.is_available():  # e.g. a cupy-cuda13x wheel under a driver older than CUDA 13
+        return "CuPy finds no usable CUDA device (its CUDA version may need a newer driver)"
+    return None
 
 
 def supports(*tensors: torch.Tensor) -> bool:

@@ -42,7 +42,7 @@ def test_train_stage_trains_checkpoints_exports_and_validates(blended, monkeypat
     model = blended / "data/train/model"
     blend = json.loads((blended / "data/tokenize/blend/blend.json").read_text())
     assert stats["steps"] == blend["samples"] // 4 and stats["tokens"] == stats["steps"] * 4 * 16
-    assert stats["layout"] == {"tp": 1, "pp": 2, "dp": 1}
+    assert stats["layout"] == {"tp": 1, "pp": 2, "dp": 1} and stats["kernels"] == "reference (no GPU)"
     assert stats["model"]["seq_len"] == 16 and stats["model"]["vocab_size"] == 1024  # 300, padded
     assert stats["final_loss"] < stats["first_loss"] and "warnings" not in stats  # warmup 64 of 640+ tokens
     with (model / "metrics.csv").open(newline="") as f:
@@ -262,6 +262,29 @@ def test_a_warmup_longer_than_the_run_is_a_warning(tmp_path):
         "train.profiles.sample.schedule.warmup_tokens (10,000) is more than the 2,500 tokens trained: the learning "
         "rate rose to 25.0% of its peak and never decayed"]
     assert STAGE.warnings({"tokens": 10_000}, p) == []
+
+
+def test_fused_kernels_asked_for_but_unusable_on_a_gpu_are_a_warning(tmp_path, monkeypatch):
+    """A cupy wheel for a newer CUDA than the driver's: cupy.is_available() is False and every kernel takes the
+    torch path, with nothing said. Checkpoints record the path the model ran; the stage warns of it."""
+    import torch
+    from kernels import runtime
+    from tasks.train.stage import STAGE
+    from trainer.config import ModelParams
+    from trainer.model import kernel_path
+    monkeypatch.setattr(runtime, "why_unavailable", lambda: "CuPy finds no usable CUDA device")
+    on = ModelParams(fused_kernels=True)
+    assert kernel_path(on, torch.device("cuda", 0)) == "reference (CuPy finds no usable CUDA device)"
+    assert kernel_path(on, torch.device("cpu")) == "reference (no GPU)"
+    assert kernel_path(on.model_copy(update={"fused_kernels": False}), torch.device("cuda", 0)) == \
+        "reference (fused_kernels off)"
+    monkeypatch.setattr(runtime, "why_unavailable", lambda: None)
+    assert kernel_path(on, torch.device("cuda", 0)) == "fused"
+    p = params(tmp_path)
+    assert STAGE.warnings({"kernels": "reference (CuPy finds no usable CUDA device)"}, p) == [
+        "train.profiles.sample.model.fused_kernels is on but the run trained on the torch reference path: CuPy finds "
+        "no usable CUDA device"]
+    assert STAGE.warnings({"kernels": "reference (no GPU)"}, p) == STAGE.warnings({"kernels": "fused"}, p) == []
 
 
 def test_going_back_to_the_previous_run_resumes_it_and_only_an_older_one_is_deleted(tmp_path, capsys):

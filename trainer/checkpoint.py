@@ -28,6 +28,7 @@ from tasks.core.errors import ConfigError, InputFileError, TrainingError
 from tasks.core.passes import remove_at_once
 from trainer import rng
 from trainer import tensor_parallel as tp
+from trainer.model import kernel_path
 from trainer.pipeline import plain_modules
 
 KEYS = ("param", "exp_avg", "exp_avg_sq")
@@ -207,6 +208,7 @@ def _save(engine, directory: Path, final: Path, partial: Path, step: int, state:
     if engine.rank == 0:
         meta = {"format": 1, "run": run, "step": step, **state, "adam_step": adam_step,
                 "loss_scaler": scaler_state(loss_scaler(engine)), "model": engine.model.model_dump(),
+                "kernels": kernel_path(engine.model, engine.device),
                 "layout": {"tp": engine.par.tp, "pp": engine.par.pp, "dp": engine.par.dp}}
         (partial / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
         _durable(partial)

@@ -15,6 +15,17 @@ from trainer import tensor_parallel as tp
 from trainer.config import ModelParams
 
 
+def kernel_path(p: ModelParams, device: torch.device) -> str:
+    """Which kernels the model runs on `device`: "fused", or "reference (why)" (recorded in checkpoints:
+    a GPU where CuPy is unusable silently trains on the torch path otherwise)."""
+    if not p.fused_kernels:
+        return "reference (fused_kernels off)"
+    if device.type != "cuda":
+        return "reference (no GPU)"
+    why = kernels.runtime.why_unavailable()
+    return "fused" if why is None else f"reference ({why})"
+
+
 class LayerNorm(nn.LayerNorm):
     def __init__(self, dim: int, eps: float, fused: bool):
         super().__init__(dim, eps=eps)

@@ -156,7 +156,7 @@ def build_model(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
               # another global_batch trains no step at it
               "global_batch": int(rows[-1]["global_batch"]) if rows else cfg.parallel.global_batch,
               "resumed_from_step": resumed_from, "parameters": parameters(m),
-              "layout": meta["layout"], "final_loss": float(rows[-1]["loss"]) if rows else None,
+              "layout": meta["layout"], "kernels": meta.get("kernels"), "final_loss": float(rows[-1]["loss"]) if rows else None,
               "first_loss": float(rows[0]["loss"]) if rows else None,
               "tokens_per_s": statistics.median(float(r["tokens_per_s"]) for r in rows) if rows else None,
               "loss_curve": [[int(r["step"]), float(r["loss"])] for r in rows[::every]],
@@ -202,7 +202,8 @@ def _check(p: PipelineParams, ctx: Context) -> None:
 def warnings(stats: dict, p: PipelineParams) -> list[str]:
     """A warmup longer than the run: Megatron allows it, and the learning rate never reaches its peak. A
     global batch in params.yaml that the run's last step did not train at: a finished run resumed with it
-    (the batch is layout, as in Megatron: a resumed run goes on from its samples at the new batch)."""
+    (the batch is layout, as in Megatron: a resumed run goes on from its samples at the new batch). Fused
+    kernels asked for on a GPU where they could not run (CuPy missing or unusable)."""
     out = []
     recipe = p.train.profiles[p.train.profile]
     warmup, trained = recipe.schedule.warmup_tokens, stats.get("tokens")
@@ -214,6 +215,10 @@ def warnings(stats: dict, p: PipelineParams) -> list[str]:
         out.append(f"train.profiles.{p.train.profile}.parallel.global_batch is {recipe.parallel.global_batch} but the "
                    f"run's last step trained at {last} (it resumed from step {stats.get('resumed_from_step', 0)}; "
                    f"metrics.csv has the batch of every step)")
+    kernels = stats.get("kernels") or ""
+    if recipe.model.fused_kernels and kernels.startswith("reference (") and kernels != "reference (no GPU)":
+        out.append(f"train.profiles.{p.train.profile}.model.fused_kernels is on but the run trained on the torch "
+                   f"reference path: {kernels[len('reference ('):-1]}")
     return out
 
 
