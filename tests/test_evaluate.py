@@ -78,8 +78,9 @@ def test_fewshot_prefixes_are_seeded_and_never_the_doc_itself():
 
 @pytest.mark.parametrize("one_more", [True, False])
 def test_fewshot_draws_follow_lm_evals_sampler(one_more):
-    """lm-eval's ContextSampler: one random.Random(seed) per task; sample(docs, k + 1) when its few-shot
-    split is the test split, else sample(docs, k); then always the first k drawn that are not the doc."""
+    """lm-eval 0.4.13's sampler: one random.Random(seed) per task; sample(docs, k + 1) when its few-shot
+    split is the test split, then the first k drawn that are not the doc; else sample(docs, k), where
+    lm-eval keeps a draw of the doc itself and this drops it (its answer would be in its prompt)."""
     import random
     docs = [prompts.hans({"sentence1": f"S{i}.", "sentence2": "T.", "label": i % 2 == 0}) for i in range(12)]
     rnd, want = random.Random(1234), []
@@ -104,6 +105,8 @@ def _plain_scores(lm, pairs):
         c = lm.tokenizer.encode(ctx, add_special_tokens=False).ids if ctx else [lm.eod]
         t = lm.tokenizer.encode(ctx + cont, add_special_tokens=False).ids[len(c):] if ctx else \
             lm.tokenizer.encode(cont, add_special_tokens=False).ids
+        if not ctx and t[0] == lm.eod:  # lm-eval: the continuation's own end-of-text token is the context
+            c, t = t[:1], t[1:]
         inp = (c + t)[-(lm.params.seq_len + 1):][:-1]
         with torch.no_grad():
             logp = F.log_softmax(lm.model(torch.tensor([inp]))[0, -len(t):], -1)
@@ -119,12 +122,20 @@ def test_a_continuation_longer_than_the_window_is_not_scored(lm):
 def test_packed_scoring_equals_one_forward_per_request(lm):
     long = " ".join(TEXT)  # longer than the 32-token window: truncated from the left
     docs = [[("Question: how do you boil water?\nAnswer:", c) for c in (" Heat it.", " the cat sat on it", " Yes")],
-            [(long, " the dog."), (long, " blue")], [("", " The cat sat.")],
+            [(long, " the dog."), (long, " blue")], [("", " The cat sat."), ("", "<|endoftext|> The cat sat.")],
             [("Anna gave Bob ", "the mat."), ("Anna gave Bob", " the mat.")]]
     got = Scorer(lm, token_budget=64, progress=False).score(docs)
     for doc, scored in zip(docs, got):
         for (a, ga), (b, gb) in zip(scored, _plain_scores(lm, doc)):
             assert math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-4) and ga == gb
+
+
+def test_a_continuation_with_no_token_of_its_own_is_refused(lm):
+    """lm-eval asserts on it; scored, it had no token to predict and counted as certain (log-likelihood 0,
+    greedy), winning any multiple choice."""
+    for pair in (("The cat sat on the ma", "t"), ("The cat sat.", "")):
+        with pytest.raises(InputFileError, match="has no token of its own"):
+            Scorer(lm, progress=False).score([[pair, ("The cat sat.", " Yes")]])
 
 
 def test_the_shared_context_is_run_once(lm, monkeypatch):
@@ -222,6 +233,20 @@ def test_few_shot_prompts_cut_to_the_window_are_counted_and_warned_of(lm):
     assert cut_shots_warnings(five, 32) == [
         "few-shot prompts cut to the model's 32-token window, their shots lost, so these scores are not k-shot ones: "
         "lambada 5-shot (8 of 8)"]
+
+
+def test_the_report_table_gives_piqa_and_hellaswag_their_normalised_accuracy_too():
+    """MT-NLG's HellaSwag figures are at the level of length-normalised accuracy: the table shows it beside acc."""
+    from tasks.evaluate.run import figure3_table
+    row = lambda task, shots, metric, value: {"task": task, "shots": shots, "metric": metric, "value": value,
+                                              "stderr": 0.01}
+    rows = [row("hellaswag", 0, "acc", 0.61), row("hellaswag", 0, "acc_norm", 0.78), row("boolq", 0, "acc", 0.7),
+            row("hellaswag", 20, "acc", 0.62), row("hellaswag", 20, "acc_norm", 0.8),
+            row("lambada", 0, "acc", 0.7), row("lambada", 0, "perplexity", 5.0)]
+    assert figure3_table(rows).splitlines() == [
+        "| task | zero-shot | few-shot |", "|---|---|---|",
+        "| hellaswag | 0.610 ± 0.010, acc_norm 0.780 | 0.620 ± 0.010, acc_norm 0.800 (k=20) |",
+        "| boolq | 0.700 ± 0.010 |  |", "| lambada | 0.700 ± 0.010 |  |"]
 
 
 def test_generation_greedy_and_sampled(lm):

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from tasks.core.errors import InputFileError
 from tasks.evaluate.model_io import LoadedModel
 
 HEAD_ROWS = 2048  # rows per vocabulary projection: bounds the [rows, vocab] logits in memory
@@ -59,11 +60,15 @@ class Scorer:
         self._encode_all({c for c, _ in split if c} | {c + t for c, t in split} | {t for c, t in split if not c})
         out = []
         for ctx, cont in split:
-            if not ctx:  # lm-eval: an empty context is the end-of-text token
-                out.append(([self.lm.eod], self._cache[cont]))
+            if not ctx:  # lm-eval: an empty context is the end-of-text token, unless the continuation starts with it
+                t = self._cache[cont]
+                out.append((t[:1], t[1:]) if t and t[0] == self.lm.eod else ([self.lm.eod], t))
             else:
                 c = self._cache[ctx]
                 out.append((c, self._cache[ctx + cont][len(c):]))
+            if not out[-1][1]:  # nothing to score: it would count as certain (lm-eval refuses it too)
+                raise InputFileError(f"the continuation {cont!r} after {ctx[-40:]!r} has no token of its own "
+                                     f"(empty, or merged into the context's last token): nothing to score")
         return out
 
     # ---- sequences
