@@ -249,6 +249,33 @@ def test_the_report_table_gives_piqa_and_hellaswag_their_normalised_accuracy_too
         "| boolq | 0.700 ± 0.010 |  |", "| lambada | 0.700 ± 0.010 |  |"]
 
 
+def test_the_suite_checks_the_docs_scored_and_metrics_json(tmp_path, benchmarks_dir):
+    """n = 1 where `limit` asked for 5 docs, and a metrics.json that is not the results' values, passed the
+    suite (a review's mutations): it now counts the task's docs and compares what `dvc metrics` shows."""
+    from tasks.core.config import parse_params
+    from tasks.evaluate.run import write_results
+    from tasks.validation import ExpectationFailed, validate_stage
+    p = parse_params({"paths": {"data_dir": str(tmp_path / "data"), "benchmarks_dir": str(benchmarks_dir)},
+                      "evaluate": {"tasks": ["wic"], "shots": ["zero"], "limit": 5}})
+    out = tmp_path / "data/evaluate/results"
+    prov = {"params_sha256": "0" * 64, "checkpoint": {"step": 1}}
+
+    def results(n: int, skipped: int = 0) -> None:
+        row = {"task": "wic", "shots": 0, "metric": "acc", "value": 0.5, "stderr": 0.2, "n": n,
+               "skipped": skipped, "cut": 0}
+        write_results(out, [row], [], prov, 1.0)
+
+    results(4, skipped=1)
+    assert validate_stage("evaluate", p).success
+    results(1)
+    with pytest.raises(ExpectationFailed, match="docs_not_the_tasks"):
+        validate_stage("evaluate", p)
+    results(5)
+    (out / "metrics.json").write_text(json.dumps({"wic": {"0-shot": {"acc": 0.9}}}))
+    with pytest.raises(ExpectationFailed, match="metrics_json_differs"):
+        validate_stage("evaluate", p)
+
+
 def test_generation_greedy_and_sampled(lm):
     from tasks.evaluate.generate import generate
     greedy = generate(lm, "The cat", 8)

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -97,6 +98,25 @@ def test_suite_fails_a_classifier_that_keeps_everything(extracted, tmp_path):
                                  f"filter.classifier.positives names 'Books3', {present}: the classifier trains on "
                                  f"the others"]
     with pytest.raises(ExpectationFailed, match="kept_fraction_out_of_bounds"):
+        validate_stage("filter", p)
+
+
+def test_the_suite_finds_a_kept_document_the_stage_dropped(extracted, tmp_path):
+    """A kept page swapped for one the stage dropped, of the same dataset (counts still fine): the output is
+    checked against the stage's own keep decisions. A page the classifier's draw dropped, or a curated page a
+    rule dropped (no score is expected of either), passed the suite before (a review's mutations)."""
+    data = copy(extracted, tmp_path, "m")
+    # raw probabilities, and alpha 1: the draw keeps about half the crawl pages and drops the rest
+    p = params(extracted, data, calibration="none", alpha=1.0, min_kept=0.0)
+    run_stage("filter", p)
+    aside = [r for r in rows(data / "filter/aside/shards").values() if r["reason"] == "classifier"]
+    assert aside, "the test sample's classifier drops some crawl pages"
+    shard, kept, i = next((f, t, k) for f in sorted((data / "filter/shards").glob("*.parquet"))
+                          for t in [pq.read_table(f).to_pylist()]
+                          for k, r in enumerate(t) if r["dataset"] == aside[0]["dataset"])
+    kept[i] = {k: aside[0][k] for k in kept[i]}
+    pq.write_table(pa.Table.from_pylist(kept, schema=pq.read_schema(shard)), shard)
+    with pytest.raises(ExpectationFailed, match="kept_but_dropped"):
         validate_stage("filter", p)
 
 

@@ -145,6 +145,25 @@ def test_the_trainer_reads_megatron_cores_samples_in_its_order(tmp_path, train_t
         np.testing.assert_array_equal(ours[k], theirs[k], err_msg=f"sample {k}")
 
 
+def test_the_suite_reads_the_blend_index_it_checks(tmp_path):
+    """The blend's shares are counted in its index against params.yaml's weights (blend.json only compared
+    with itself: weights bound to the wrong datasets passed), and every index is in bounds (one past a
+    dataset's samples passed, to fail as an IndexError mid-training). Mutations from a review."""
+    from tasks.validation import ExpectationFailed
+    _, p = run(tmp_path)
+    blend = tmp_path / "data/tokenize/blend"
+    raw = p.model_dump(mode="json")
+    raw["tokenize"]["blend"] = [{"dataset": "web", "weight": 1}, {"dataset": "Wikipedia (en)", "weight": 2},
+                                {"dataset": "books", "weight": 1}]
+    with pytest.raises(ExpectationFailed, match="share_off_target"):
+        validate_stage("tokenize", parse_params(raw))
+    nth = np.load(blend / "dataset_sample_index.npy")
+    nth[5] = 10**6
+    np.save(blend / "dataset_sample_index.npy", nth)
+    with pytest.raises(ExpectationFailed, match="index_out_of_bounds"):
+        validate_stage("tokenize", p)
+
+
 def test_rerun_resumes_and_a_fresh_run_gives_the_same_bytes(tmp_path):
     _, p = run(tmp_path / "a")
     assert run_stage("tokenize", p)["up_to_date"]

@@ -12,7 +12,7 @@ import pytest
 from tasks.core.config import parse_params
 from tasks.core.errors import ConfigError, TrainingError, UnfinishedInput
 from tasks.core.runner import run_stage
-from tasks.validation import validate_stage
+from tasks.validation import ExpectationFailed, validate_stage
 from tests.test_tokenize_stage import run as tokenize
 
 SAMPLE = {"model": {"n_layer": 2, "n_head": 2, "d_model": 32},
@@ -53,6 +53,18 @@ def test_train_stage_trains_checkpoints_exports_and_validates(blended, monkeypat
     assert stats["profile"] == "sample" and [r["profile"] for r in stats["profiles"]] == ["sample"]
     report = validate_stage("train", p)
     assert report.success
+    # the suite loads the export and reads the steps logged (a truncated model.safetensors and a metrics.csv
+    # missing its last steps passed a review's mutations: only the export's file names were checked)
+    hf, log = model / "hf/model.safetensors", model / "metrics.csv"
+    good_hf, good_log = hf.read_bytes(), log.read_bytes()
+    hf.write_bytes(good_hf[:len(good_hf) // 2])
+    log.write_bytes(b"".join(good_log.splitlines(keepends=True)[:-2]))
+    with pytest.raises(ExpectationFailed) as failed:
+        validate_stage("train", p)
+    assert "'export_invalid'" in str(failed.value) and "'steps_not_logged_once'" in str(failed.value)
+    hf.write_bytes(good_hf)
+    log.write_bytes(good_log)
+    assert validate_stage("train", p).success  # recorded in stats.json: the run below is up to date again
     from tasks.core import passes
     checked = []
     monkeypatch.setattr(passes, "global_output_change", lambda *a: checked.append(a))

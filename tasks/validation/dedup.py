@@ -1,5 +1,6 @@
 """Expectations on `dedup`: the document schema with unique ids; the counts consistent with stats.json
-(kept + removed = input, per dataset, and the removed documents are all in aside/); and a sampled
+(kept + removed = input, per dataset, and the removed documents are all in aside/); no kept document
+is one the stage's components removed; and a sampled
 re-check: `recheck_docs` kept documents, each compared (exact Jaccard of shingle sets) with every kept
 document it shares an LSH bucket with, finds no pair at or above the threshold."""
 from __future__ import annotations
@@ -20,7 +21,7 @@ from tasks.dedup.lsh import band_keys
 from tasks.dedup.signing import read, signature_files
 from tasks.validation import doc_checks
 
-COLUMNS = ("kept_pair_above_threshold", "count_mismatch")
+COLUMNS = ("kept_pair_above_threshold", "count_mismatch", "kept_but_removed")
 
 
 def expectations() -> list:
@@ -38,10 +39,9 @@ def _violations(pairs, local, sets, off, threshold):  # pragma: no cover - compi
     return out
 
 
-def recheck(p, ctx: Context) -> dict[str, int]:
+def recheck(p, ctx: Context, docs: dict, dup_of: np.ndarray) -> dict[str, int]:
     """Id of each sampled kept document -> how many kept bucket mates are duplicates of it after all."""
-    d, docs, layout = p.dedup, docs_of(ctx), layout_of(ctx)
-    dup_of, _ = removed_of(ctx)
+    d, layout = p.dedup, layout_of(ctx)
     kept = np.flatnonzero((dup_of < 0) & docs["has_words"])
     if not len(kept) or not d.recheck_docs or not d.verify:  # without shingle sets there is nothing to re-check
         return {}
@@ -93,11 +93,14 @@ def count_mismatch(p, shards_dir: Path) -> int:
 
 def batches(p, shards_dir: Path):
     ctx = Context("dedup", str(p.paths.data_dir), p.dedup.input_stage)
-    found, mismatch = recheck(p, ctx), count_mismatch(p, shards_dir)
+    docs, (dup_of, _) = docs_of(ctx), removed_of(ctx)
+    found, mismatch = recheck(p, ctx, docs, dup_of), count_mismatch(p, shards_dir)
+    removed = {docs["ids"][i].decode("utf-8") for i in np.flatnonzero(dup_of >= 0)}
 
     def columns(table: pa.Table) -> dict:
         ids = table.column("id").to_pylist()
         return {"kept_pair_above_threshold": np.array([found.get(i, 0) for i in ids], dtype=np.int64),
-                "count_mismatch": np.full(table.num_rows, mismatch, dtype=np.int64)}
+                "count_mismatch": np.full(table.num_rows, mismatch, dtype=np.int64),
+                "kept_but_removed": np.array([i in removed for i in ids], dtype=np.int64)}
 
     yield from doc_checks.batches(p, shards_dir, columns)

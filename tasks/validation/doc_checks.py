@@ -26,10 +26,13 @@ def expectations(extra_columns: tuple[str, ...] = (), require_rows: bool = False
         E.ExpectTableColumnsToMatchOrderedList(column_list=[*COLUMNS[:1], "text_chars", *COLUMNS[2:], *extra_columns]),
         E.ExpectColumnValuesToNotBeNull(column="id"),
         E.ExpectColumnValuesToBeUnique(column="id"),
+        # GX's range and set expectations pass nulls: a null text or language is refused on its own
+        E.ExpectColumnValuesToNotBeNull(column="text_chars"),
         E.ExpectColumnValuesToBeBetween(column="text_chars", min_value=1),
         E.ExpectColumnValuesToNotBeNull(column="dataset"),
         E.ExpectColumnValueLengthsToBeBetween(column="dataset", min_value=1),
         # lid.176's labels (tasks/extract/langid.py), so 'English', 'EN' or 'eng' cannot pass as a language
+        E.ExpectColumnValuesToNotBeNull(column="lang"),
         E.ExpectColumnValuesToBeInSet(column="lang", value_set=sorted(LABELS | {"unknown"})),
         E.ExpectColumnValuesToNotBeNull(column="lang_score"),
         E.ExpectColumnValuesToBeBetween(column="lang_score", min_value=0, max_value=1),

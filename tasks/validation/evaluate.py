@@ -1,6 +1,7 @@
 """Expectations on `evaluate`, one row per (task, shots, metric): every configured task and shot
 setting has its metrics; accuracies lie in [0, 1]; perplexity is finite and >= 1; at least one doc was
-scored; and the results carry their provenance (checkpoint step, params hash)."""
+scored, and the docs scored and skipped are the task's (all, or `limit`); metrics.json (what `dvc metrics`
+shows) is the results' values; and the results carry their provenance (checkpoint step, params hash)."""
 from __future__ import annotations
 
 import json
@@ -18,23 +19,36 @@ def expectations() -> list:
             gx.expectations.ExpectColumnValuesToBeBetween(column="perplexity_invalid", min_value=0, max_value=0),
             gx.expectations.ExpectColumnValuesToBeBetween(column="n", min_value=1),
             gx.expectations.ExpectColumnValuesToBeBetween(column="missing", min_value=0, max_value=0),
+            gx.expectations.ExpectColumnValuesToBeBetween(column="docs_not_the_tasks", min_value=0, max_value=0),
+            gx.expectations.ExpectColumnValuesToBeBetween(column="metrics_json_differs", min_value=0, max_value=0),
             gx.expectations.ExpectColumnValuesToBeBetween(column="provenance_missing", min_value=0, max_value=0)]
 
 
 def batches(p, results_dir: Path):
-    from tasks.evaluate.evaluator import metrics_of
-    from tasks.evaluate.run import RESULTS
+    from tasks.evalsets.loaders import load_task
+    from tasks.evalsets.prompts import render
+    from tasks.evaluate.evaluator import metrics_of, select
+    from tasks.evaluate.run import METRICS, RESULTS, dvc_metrics
     results = json.loads((Path(results_dir) / RESULTS).read_text(encoding="utf-8"))
+    try:
+        differs = int(json.loads((Path(results_dir) / METRICS).read_text(encoding="utf-8"))
+                      != json.loads(json.dumps(dvc_metrics(results["rows"]))))
+    except (OSError, ValueError):
+        differs = 1
     prov = results.get("provenance", {})
     no_prov = int(prov.get("checkpoint", {}).get("step") is None or not prov.get("params_sha256"))
     got = {(r["task"], r["shots"], r["metric"]): r for r in results["rows"]}
     rows = []
     for task in p.evaluate.tasks:
+        docs, _ = render(load_task(task, Path(p.paths.benchmarks_dir), fewshot=False), fewshot_pool=False)
+        expected = len(select(len(docs), p.evaluate.limit, p.evaluate.seed))
         for shots in p.evaluate.shot_counts(task):
             for metric in metrics_of(task):
                 r = got.get((task, shots, metric))
                 v = r["value"] if r else float("nan")
                 rows.append({"row": f"{task} {shots}-shot {metric}", "n": r["n"] if r else 0, "missing": int(r is None),
+                             "docs_not_the_tasks": int(r is not None and r["n"] + r.get("skipped", 0) != expected),
+                             "metrics_json_differs": differs,
                              "accuracy_out_of_range": int(metric != "perplexity" and not 0 <= v <= 1),
                              "perplexity_invalid": int(metric == "perplexity" and not (math.isfinite(v) and v >= 1)),
                              "provenance_missing": no_prov})

@@ -1,7 +1,8 @@
 """Expectations on `filter`: the document schema with unique ids and no empty text; every kept document
 of a scored dataset has a quality score in [0, 1]; and, per scored dataset, the classifier kept a
 fraction within [min_kept, max_kept] of what the rules passed (a broken classifier that keeps 0% or
-100% fails here); kept + aside = the input, per dataset."""
+100% fails here); kept + aside = the input, per dataset; and no kept document is one the stage's own
+decisions dropped (by a rule or the classifier's draw)."""
 from __future__ import annotations
 
 import json
@@ -14,7 +15,7 @@ import pyarrow.parquet as pq
 
 from tasks.validation import doc_checks
 
-COLUMNS = ("score", "kept_fraction_out_of_bounds", "count_mismatch")
+COLUMNS = ("score", "kept_fraction_out_of_bounds", "count_mismatch", "kept_but_dropped")
 
 
 def expectations() -> list:
@@ -24,18 +25,21 @@ def expectations() -> list:
     return doc_checks.expectations(COLUMNS) + [
         E.ExpectColumnValuesToBeBetween(column="score", min_value=0, max_value=1),
         E.ExpectColumnValuesToBeBetween(column="kept_fraction_out_of_bounds", min_value=0, max_value=0),
-        E.ExpectColumnValuesToBeBetween(column="count_mismatch", min_value=0, max_value=0)]
+        E.ExpectColumnValuesToBeBetween(column="count_mismatch", min_value=0, max_value=0),
+        E.ExpectColumnValuesToBeBetween(column="kept_but_dropped", min_value=0, max_value=0)]
 
 
-def _scores(root: Path) -> dict[str, float]:
-    """Kept documents' scores by id (the score pass stores them by rules-shard row)."""
-    out = {}
+def _decisions(root: Path) -> tuple[dict[str, float], set[str]]:
+    """(scores of the scored documents by id, ids the stage decided to drop): the score pass stores both
+    by rules-shard row (its keep flag is False for a rule's drop and for the classifier's draw)."""
+    scores, dropped = {}, set()
     for f in sorted((root / "rules" / "shards").glob("*.parquet")):
         ids = pq.read_table(f, columns=["id"]).column("id").to_pylist()
         with np.load(root / "score" / "shards" / f"{f.stem}.npz", allow_pickle=False) as z:
-            score = z["score"]
-        out.update((i, float(s)) for i, s in zip(ids, score) if not np.isnan(s))
-    return out
+            score, keep = z["score"], z["keep"]
+        scores.update((i, float(s)) for i, s in zip(ids, score) if not np.isnan(s))
+        dropped.update(ids[j] for j in np.flatnonzero(~keep))
+    return scores, dropped
 
 
 def _out_of_bounds(p, stats: dict) -> set[str]:
@@ -66,7 +70,8 @@ def count_mismatch(stats: dict, shards_dir: Path, root: Path) -> int:
 def batches(p, shards_dir: Path):
     root = Path(p.paths.data_dir) / "filter"
     stats = json.loads((root / "stats.json").read_text(encoding="utf-8"))
-    scores, bad, mismatch = _scores(root), _out_of_bounds(p, stats), count_mismatch(stats, Path(shards_dir), root)
+    (scores, dropped), bad = _decisions(root), _out_of_bounds(p, stats)
+    mismatch = count_mismatch(stats, Path(shards_dir), root)
     scored = set(p.filter.classifier.negatives) if p.filter.classifier.enabled else set()
 
     def columns(table: pa.Table) -> dict:
@@ -76,6 +81,7 @@ def batches(p, shards_dir: Path):
                                    for i, d in zip(ids, ds)], dtype=np.float64),
                 # on every row: a dataset the classifier dropped entirely has no row of its own
                 "kept_fraction_out_of_bounds": np.full(table.num_rows, len(bad), dtype=np.int64),
-                "count_mismatch": np.full(table.num_rows, mismatch, dtype=np.int64)}
+                "count_mismatch": np.full(table.num_rows, mismatch, dtype=np.int64),
+                "kept_but_dropped": np.array([i in dropped for i in ids], dtype=np.int64)}
 
     yield from doc_checks.batches(p, shards_dir, columns)

@@ -1,7 +1,10 @@
 """Expectations on `tokenize`, one row per blended dataset, computed by streaming its tokens:
 every token id below the vocabulary size, exactly one end-of-document token per document (its last),
-the .idx counts consistent with the .bin size, and the realised share of samples within tolerance of
-the target (Megatron's greedy blend is never more than about one sample off per dataset)."""
+the .idx counts consistent with the .bin size; the realised share of samples, counted in the blend
+index itself, within tolerance of the weight params.yaml gives (Megatron's greedy blend is never more
+than about one sample off per dataset), every weighted dataset in the blend; and every index in bounds
+(blend -> a dataset's shuffle -> sample -> document index -> its documents), so no sample the trainer
+reads points past what was built."""
 from __future__ import annotations
 
 import json
@@ -11,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from tasks.tokenize import indexed
-from tasks.tokenize.blend import REPORT
+from tasks.tokenize.blend import REPORT, resolve_weights
 from tasks.tokenize.pieces import read_manifest
 from tasks.validation.runner import Batch
 
@@ -22,7 +25,7 @@ def expectations() -> list:
     import great_expectations as gx
 
     zero = ["ids_over_vocab", "docs_not_ending_in_eod", "eod_inside_documents", "bin_bytes_mismatch",
-            "share_off_target"]
+            "share_off_target", "index_out_of_bounds"]
     return [gx.expectations.ExpectColumnValuesToNotBeNull(column="dataset"),
             gx.expectations.ExpectColumnValuesToBeUnique(column="dataset")] + [
         gx.expectations.ExpectColumnValuesToBeBetween(column=c, min_value=0, max_value=0) for c in zero]
@@ -42,19 +45,45 @@ def dataset_row(ds: indexed.IndexedDataset, vocab: int, eod: int) -> dict:
             "eod_inside_documents": eods - last_is_eod, "bin_bytes_mismatch": abs(ds.bin_path.stat().st_size - expected)}
 
 
+def blend_rows(p, blend_dir: Path, manifest: dict, report: dict) -> dict[str, dict]:
+    """Per weighted dataset: its share of the blend index against params.yaml's weight, and how many of
+    its indices point past what they index (the blend's own faults counted on every dataset's row)."""
+    names, weights, _ = resolve_weights(p, manifest["datasets"])
+    samples = int(report["samples"])
+    tolerance = max(0.005, 2.0 / samples)
+    which = np.load(blend_dir / "dataset_index.npy", mmap_mode="r")
+    nth = np.load(blend_dir / "dataset_sample_index.npy", mmap_mode="r")
+    counts = np.bincount(np.asarray(which, dtype=np.int64), minlength=len(names))
+    stray = int(counts[len(names):].sum()) + int(len(which) != samples) + int(len(nth) != samples) \
+        + int(report.get("order") != names)
+    out = {}
+    for i, name in enumerate(names):
+        info, folder = manifest["datasets"][name], blend_dir / manifest["datasets"][name]["prefix"]
+        try:
+            doc, sample, shuffle = (np.load(folder / f"{k}.npy", mmap_mode="r")
+                                    for k in ("document_index", "sample_index", "shuffle_index"))
+        except (OSError, ValueError):
+            out[name] = {"share_off_target": 1, "index_out_of_bounds": 1}
+            continue
+        mine = np.asarray(nth[np.asarray(which) == i])
+        bad = int((mine >= len(shuffle)).sum()) + int((np.asarray(shuffle) >= len(sample) - 1).sum()) \
+            + int((np.asarray(sample[:, 0]) >= len(doc)).sum()) + int((np.asarray(doc) >= info["documents"]).sum())
+        out[name] = {"share_off_target": int(abs(counts[i] / samples - weights[i]) > tolerance),
+                     "index_out_of_bounds": bad + stray}
+    return out
+
+
 def batches(p, blend_dir: Path):
-    datasets_dir = Path(blend_dir).parent / "datasets"
+    blend_dir = Path(blend_dir)
+    datasets_dir = blend_dir.parent / "datasets"
     manifest = read_manifest(datasets_dir)
-    report = json.loads((Path(blend_dir) / REPORT).read_text(encoding="utf-8"))
-    tolerance = max(0.005, 2.0 / report["samples"])
+    report = json.loads((blend_dir / REPORT).read_text(encoding="utf-8"))
+    blended = blend_rows(p, blend_dir, manifest, report)
     rows = []
     for name, info in sorted(manifest["datasets"].items()):
         row = {"dataset": name, **dataset_row(indexed.IndexedDataset(datasets_dir / info["prefix"]),
                                               manifest["vocab_size"], manifest["eod_id"])}
-        blended = report["datasets"].get(name)
-        row["share_off_target"] = int(blended is not None and
-                                      abs(blended["realised_share"] - blended["target_share"]) > tolerance)
-        rows.append(row)
+        rows.append({**row, **blended.get(name, {"share_off_target": 0, "index_out_of_bounds": 0})})
     frame = pd.DataFrame(rows, columns=["dataset", "ids_over_vocab", "docs_not_ending_in_eod", "eod_inside_documents",
-                                        "bin_bytes_mismatch", "share_off_target"])
+                                        "bin_bytes_mismatch", "share_off_target", "index_out_of_bounds"])
     yield Batch(frame, [("datasets", 0, len(frame))])

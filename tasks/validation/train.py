@@ -1,6 +1,8 @@
 """Expectations on `train`, one row for the run: the final checkpoint loads (every tensor readable,
-finite, and of the shape the model config gives), the logged losses are finite, the tokens seen are
-what the schedule asked for, and the Hugging Face export is complete."""
+finite, and of the shape the model config gives), the logged losses are finite and metrics.csv has each
+step from 1 to the checkpoint's once, the tokens seen are what the schedule asked for, and the Hugging
+Face export loads as what it claims: its config.json is the checkpoint's model, its tensors are that
+model's (names and shapes) and finite, its tokenizer.json is JSON."""
 from __future__ import annotations
 
 import csv
@@ -12,8 +14,8 @@ import pandas as pd
 
 from tasks.validation.runner import Batch
 
-CHECKS = ["checkpoint_unloadable", "tensors_not_finite", "losses_not_finite", "tokens_off_schedule",
-          "export_files_missing"]
+CHECKS = ["checkpoint_unloadable", "tensors_not_finite", "losses_not_finite", "steps_not_logged_once",
+          "tokens_off_schedule", "export_invalid"]
 
 
 def expectations() -> list:
@@ -39,18 +41,52 @@ def checkpoint_row(folder: Path) -> dict:
         return {"checkpoint_unloadable": 1, "tensors_not_finite": 0, "meta": {}}
 
 
+def export_row(hf: Path, meta: dict) -> int:
+    """How many of the export's files are not what the checkpoint's model gives (each one at most once)."""
+    import torch
+    from safetensors import safe_open
+
+    from trainer.config import ModelParams
+    from trainer.export import hf_config, state_from_gpt2
+    from trainer.model import GPT
+    bad = 0
+    try:
+        p = ModelParams(**meta["model"])
+        wanted = {k: v for k, v in hf_config(p).items() if k not in ("bos_token_id", "eos_token_id")}
+        got = json.loads((hf / "config.json").read_text(encoding="utf-8"))
+        bad += int({k: got.get(k) for k in wanted} != wanted)
+    except Exception:  # noqa: BLE001 - unreadable or not JSON, or no checkpoint to compare with
+        bad += 1
+    try:
+        expected = {k: v.shape for k, v in GPT(ModelParams(**meta["model"])).state_dict().items()}
+        with safe_open(str(hf / "model.safetensors"), "pt") as f:
+            ours = state_from_gpt2(f.get_tensor, ModelParams(**meta["model"]))
+        bad += int({k: v.shape for k, v in ours.items()} != expected
+                   or not all(torch.isfinite(v).all() for v in ours.values()))
+    except Exception:  # noqa: BLE001 - a missing tensor, a shape that does not reshape, a damaged file
+        bad += 1
+    try:
+        json.loads((hf / "tokenizer.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        bad += 1
+    return bad
+
+
 def batches(p, model_dir: Path):
     model_dir = Path(model_dir)
     row = checkpoint_row(model_dir / "checkpoint")
     meta = row.pop("meta")
     with (model_dir / "metrics.csv").open(newline="") as f:
-        losses = [float(r["loss"]) for r in csv.DictReader(f)]
+        logged = list(csv.DictReader(f))
+    losses = [float(r["loss"]) for r in logged]
+    steps = [int(r["step"]) for r in logged]
     report = json.loads((model_dir / "train_report.json").read_text(encoding="utf-8"))
     wanted = report["train_tokens"]
     last_batch = report["model"]["seq_len"] * report["global_batch"]
     row.update(losses_not_finite=sum(1 for x in losses if not math.isfinite(x)) + int(not losses),
+               # a resume drops the rows logged after its checkpoint: each step once, in order
+               steps_not_logged_once=int(steps != list(range(1, int(meta.get("step", -1)) + 1))),
                # training stops at the first step that reaches the schedule's tokens
                tokens_off_schedule=int(not wanted <= meta.get("consumed_tokens", -1) < wanted + last_batch),
-               export_files_missing=sum(1 for f in ("config.json", "model.safetensors", "tokenizer.json")
-                                        if not (model_dir / "hf" / f).is_file()))
+               export_invalid=export_row(model_dir / "hf", meta))
     yield Batch(pd.DataFrame([{"run": "train", **row}], columns=["run", *CHECKS]), [("run", 0, 1)])
