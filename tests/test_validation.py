@@ -101,3 +101,21 @@ def test_an_expectation_that_cannot_be_evaluated_says_why(tmp_path):
     assert ("expect_table_columns_to_match_ordered_list on column '<table>': observed "
             "['id', 'text_chars', 'dataset', 'url', 'crawl', 'lang_score'] in shard s.parquet") in report.failures
     assert not any("None unexpected" in f for f in report.failures), report.failures
+
+
+def test_a_null_text_or_language_is_refused(tmp_path):
+    """GX's range and set expectations pass nulls: a document with no text or no language passed the
+    document checks (a review's mutation, on a shard adopted as it was)."""
+    import pandas as pd
+
+    from tasks.validation import doc_checks
+    from tasks.validation.runner import Batch, run_suite
+
+    frame = pd.DataFrame({"id": ["a", "b"], "text_chars": [None, 4], "dataset": ["x", "x"], "url": ["", ""],
+                          "crawl": ["", ""], "lang": ["en", None], "lang_score": [0.9, 0.5]})
+    report = run_suite("extract", doc_checks.expectations(), iter([Batch(frame, [("s.parquet", 0, 2)])]),
+                       tmp_path / "docs", raise_on_failure=False)
+    assert "expect_column_values_to_not_be_null on column 'text_chars': 1 unexpected in shard s.parquet" \
+        in report.failures, report.failures
+    assert "expect_column_values_to_not_be_null on column 'lang': 1 unexpected in shard s.parquet" \
+        in report.failures, report.failures
