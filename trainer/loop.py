@@ -69,8 +69,7 @@ def train(cfg: TrainParams, samples: Samples, out: Path, init_from: Path | None 
     ckpt_dir = out / "checkpoints"
     own = checkpoint.latest(ckpt_dir)
     found = own or init_from
-    if not cfg.schedule.train_tokens and own is None and not schedule.whole_batches(
-            len(samples), cfg.schedule, cfg.parallel, seq):
+    if own is None and not schedule.within_data(cfg.schedule, cfg.parallel, seq, len(samples)).train_tokens:
         raise ConfigError(f"the data has {len(samples)} samples, fewer than one global batch "
                           f"({schedule.global_batch(0, cfg.schedule, cfg.parallel, seq)})")
     schedule.check(cfg.schedule, cfg.parallel)
@@ -82,12 +81,11 @@ def train(cfg: TrainParams, samples: Samples, out: Path, init_from: Path | None 
     if found is not None:
         meta = checkpoint.load(engine, found, own=own is not None)
         step, position = meta["step"], {k: meta[k] for k in position}
-    if not cfg.schedule.train_tokens:  # 0: every sample once, in as many whole batches as are left from here
-        # (from the resume position: a global batch changed on resume makes whole batches of what is left,
-        # where whole batches of all the samples at the new batch could end past the data)
-        tokens = schedule.whole_batches(len(samples), cfg.schedule, cfg.parallel, seq,
-                                        position["consumed_samples"]) * seq
-        cfg = cfg.model_copy(update={"schedule": cfg.schedule.model_copy(update={"train_tokens": tokens})})
+    # train_tokens 0, or a budget whose last batch would run past the data it was built for: the whole
+    # batches left from here (from the resume position: a global batch changed on resume makes whole
+    # batches of what is left, where whole batches of all the samples at the new batch could end past it)
+    cfg = cfg.model_copy(update={"schedule": schedule.within_data(cfg.schedule, cfg.parallel, seq, len(samples),
+                                                                  position["consumed_samples"])})
     leader = engine.rank == 0
     log = MetricsLog(out / "metrics.csv", step) if leader else None
     bar = _progress(cfg, position["consumed_tokens"]) if leader else None

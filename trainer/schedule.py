@@ -45,6 +45,20 @@ def whole_batches(samples: int, s: ScheduleParams, par: ParallelParams, seq_len:
     return consumed
 
 
+def within_data(s: ScheduleParams, par: ParallelParams, seq_len: int, samples: int, start: int = 0) -> ScheduleParams:
+    """The schedule a run over `samples` trains to, from `start` consumed on. train_tokens 0: every whole
+    batch left. A budget the data was built for (at least train_tokens // seq_len samples, what tokenize
+    builds for the same budget) whose last batch would run past the data: the whole batches there are, the
+    partial last one left out as Megatron leaves it, the learning rate still decaying over the budget.
+    Otherwise as given: a budget the data cannot hold is refused before launching."""
+    if s.train_tokens and (samples < s.train_tokens // seq_len or samples_needed(s, par, seq_len, start) <= samples):
+        return s
+    update = {"train_tokens": whole_batches(samples, s, par, seq_len, start) * seq_len}
+    if s.train_tokens:
+        update["decay_tokens"] = s.decay_tokens or s.train_tokens
+    return s.model_copy(update=update)
+
+
 def samples_needed(s: ScheduleParams, par: ParallelParams, seq_len: int, start: int = 0) -> int:
     """The samples the steps consume to reach `train_tokens` (ramp included), as the loop takes them, from
     `start` samples consumed on (a resumed run)."""

@@ -100,7 +100,9 @@ def check_run(p: PipelineParams, ctx: Context) -> tuple[dict, TrainParams, list[
     resumed = work_folder.resumes_from(ctx.root / "work", identity)
     start = resumed["consumed_samples"] if resumed else 0
     needed = samples_needed(cfg.schedule, cfg.parallel, seq, start)
-    if needed > facts["samples"]:  # the loop would find out at the last step it can take
+    # the loop would find out at the last step it can take; a blend built for this budget whose last
+    # batch runs past it trains its whole batches (trainer.schedule.within_data)
+    if needed > facts["samples"] and facts["samples"] < cfg.schedule.train_tokens // seq:
         where = (f"resumed from step {resumed['step']} ({start:,} samples consumed) at global_batch "
                  f"{cfg.parallel.global_batch}, " if resumed else "")
         raise ConfigError(f"profile {p.train.profile!r}: {where}train_tokens {cfg.schedule.train_tokens:,} need "
@@ -202,8 +204,9 @@ def _check(p: PipelineParams, ctx: Context) -> None:
 def warnings(stats: dict, p: PipelineParams) -> list[str]:
     """A warmup longer than the run: Megatron allows it, and the learning rate never reaches its peak. A
     global batch in params.yaml that the run's last step did not train at: a finished run resumed with it
-    (the batch is layout, as in Megatron: a resumed run goes on from its samples at the new batch). Fused
-    kernels asked for on a GPU where they could not run (CuPy missing or unusable)."""
+    (the batch is layout, as in Megatron: a resumed run goes on from its samples at the new batch). Fewer
+    tokens trained than train_tokens: the blend built for them had no whole last batch. Fused kernels asked
+    for on a GPU where they could not run (CuPy missing or unusable)."""
     out = []
     recipe = p.train.profiles[p.train.profile]
     warmup, trained = recipe.schedule.warmup_tokens, stats.get("tokens")
@@ -215,6 +218,11 @@ def warnings(stats: dict, p: PipelineParams) -> list[str]:
         out.append(f"train.profiles.{p.train.profile}.parallel.global_batch is {recipe.parallel.global_batch} but the "
                    f"run's last step trained at {last} (it resumed from step {stats.get('resumed_from_step', 0)}; "
                    f"metrics.csv has the batch of every step)")
+    given = recipe.schedule.train_tokens
+    if given and stats.get("train_tokens") is not None and stats["train_tokens"] < given:
+        out.append(f"train.profiles.{p.train.profile}.schedule.train_tokens is {given:,}: the blend's last batch "
+                   f"would have run past its samples, so the run trained its whole batches, "
+                   f"{stats['train_tokens']:,} tokens (Megatron leaves a partial last batch out too)")
     kernels = stats.get("kernels") or ""
     if recipe.model.fused_kernels and kernels.startswith("reference (") and kernels != "reference (no GPU)":
         out.append(f"train.profiles.{p.train.profile}.model.fused_kernels is on but the run trained on the torch "
