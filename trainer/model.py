@@ -68,7 +68,8 @@ class Attention(nn.Module):
             # scaled in the matmul's epilogue, as Megatron's baddbmm(alpha=1/sqrt(hd)): unscaled fp16 scores
             # would overflow sqrt(hd) times sooner
             q3, k3 = q.reshape(-1, s, hd), k.reshape(-1, s, hd)
-            scores = torch.baddbmm(q3.new_empty(q3.shape[0], s, s), q3, k3.transpose(1, 2), beta=0.0,
+            # (beta 0: the input is not read; one element broadcast, not a second [b*h, s, s] buffer)
+            scores = torch.baddbmm(q3.new_zeros(1, 1, 1), q3, k3.transpose(1, 2), beta=0.0,
                                    alpha=1.0 / math.sqrt(hd)).view(b, self.heads, s, s)
             probs = kernels.scaled_causal_softmax(scores, 1.0, fused=self.p.fused_kernels)
             with heads_rng:

@@ -95,20 +95,15 @@ def check_run(p: PipelineParams, ctx: Context) -> tuple[dict, TrainParams, list[
     except ConfigError as e:  # name the profile, as sized_profiles does for the others
         raise ConfigError(f"train.profiles.{p.train.profile}: {e}") from None
     sized = sized_profiles(p.train, vocab, seq)
-    # a resumed run goes on from its samples at params.yaml's batch (which may have changed): counted from there
     identity = run_identity(cfg, ctx)
-    resumed = work_folder.resumes_from(ctx.root / "work", identity)
-    start = resumed["consumed_samples"] if resumed else 0
-    needed = samples_needed(cfg.schedule, cfg.parallel, seq, start)
-    # the loop would find out at the last step it can take; a blend built for this budget whose last
-    # batch runs past it trains its whole batches (trainer.schedule.within_data)
-    if needed > facts["samples"] and facts["samples"] < cfg.schedule.train_tokens // seq:
-        where = (f"resumed from step {resumed['step']} ({start:,} samples consumed) at global_batch "
-                 f"{cfg.parallel.global_batch}, " if resumed else "")
-        raise ConfigError(f"profile {p.train.profile!r}: {where}train_tokens {cfg.schedule.train_tokens:,} need "
-                          f"{needed:,} samples of {seq} tokens and the blend has {facts['samples']:,}: a larger blend "
-                          f"(tokenize.train_tokens) or fewer train_tokens" + (", or the global_batch the run trained "
-                          "at" if resumed else ""))
+    # a blend smaller than the budget (tokenize builds train_tokens // seq_length samples for one) is refused
+    # here, not at the last step it can take; one built for this budget whose last batch would run past it
+    # trains its whole batches (trainer.schedule.within_data), a run resumed at another global batch too
+    if facts["samples"] < cfg.schedule.train_tokens // seq:
+        needed = samples_needed(cfg.schedule, cfg.parallel, seq)
+        raise ConfigError(f"profile {p.train.profile!r}: train_tokens {cfg.schedule.train_tokens:,} need {needed:,} "
+                          f"samples of {seq} tokens and the blend has {facts['samples']:,}: a larger blend "
+                          f"(tokenize.train_tokens) or fewer train_tokens")
     return facts, cfg, sized, identity
 
 

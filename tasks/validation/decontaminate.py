@@ -23,7 +23,7 @@ def expectations() -> list:
 def batches(p, shards_dir: Path):
     index, frequent = finished_index(p.paths.data_dir)
 
-    def hits(table: pa.Table) -> dict:
+    def hits(table: pa.Table, _shard: Path) -> dict:
         doc, _, _, entry = batch_hits(index, table.column("text").to_pylist())
         keep = ~np.isin(entry, frequent)
         return {"task_ngram_hits": np.bincount(doc[keep], minlength=table.num_rows).astype(np.int64)}

@@ -1,6 +1,6 @@
 """Expectations on `dedup`: the document schema with unique ids; the counts consistent with stats.json
 (kept + removed = input, per dataset, and the removed documents are all in aside/); no kept document
-is one the stage's components removed; and a sampled
+is one the stage's components removed (or not of its shard); and a sampled
 re-check: `recheck_docs` kept documents, each compared (exact Jaccard of shingle sets) with every kept
 document it shares an LSH bucket with, finds no pair at or above the threshold."""
 from __future__ import annotations
@@ -93,14 +93,18 @@ def count_mismatch(p, shards_dir: Path) -> int:
 
 def batches(p, shards_dir: Path):
     ctx = Context("dedup", str(p.paths.data_dir), p.dedup.input_stage)
-    docs, (dup_of, _) = docs_of(ctx), removed_of(ctx)
+    docs, (dup_of, _), layout = docs_of(ctx), removed_of(ctx), layout_of(ctx)
     found, mismatch = recheck(p, ctx, docs, dup_of), count_mismatch(p, shards_dir)
-    removed = {docs["ids"][i].decode("utf-8") for i in np.flatnonzero(dup_of >= 0)}
 
-    def columns(table: pa.Table) -> dict:
+    def columns(table: pa.Table, shard: Path) -> dict:
         ids = table.column("id").to_pylist()
+        # the shard's input rows (one output shard per input shard, of the same name) the components kept;
+        # an id that is not one of them was removed, or is not this shard's
+        first, rows = layout["shards"].get(shard.stem, (0, 0))
+        here = slice(first, first + rows)
+        kept = {i.decode("utf-8") for i in docs["ids"][here][dup_of[here] < 0]}
         return {"kept_pair_above_threshold": np.array([found.get(i, 0) for i in ids], dtype=np.int64),
                 "count_mismatch": np.full(table.num_rows, mismatch, dtype=np.int64),
-                "kept_but_removed": np.array([i in removed for i in ids], dtype=np.int64)}
+                "kept_but_removed": np.array([i not in kept for i in ids], dtype=np.int64)}
 
     yield from doc_checks.batches(p, shards_dir, columns)

@@ -39,19 +39,19 @@ def expectations(extra_columns: tuple[str, ...] = (), require_rows: bool = False
     ]
 
 
-def _shard_table(f: Path, extra_columns: Callable[[pa.Table], dict] | None) -> pa.Table:
+def _shard_table(f: Path, extra_columns: Callable[[pa.Table, Path], dict] | None) -> pa.Table:
     """One read per shard: `text` becomes its length, plus any columns derived from the text."""
     t = pq.read_table(f)
-    extra = extra_columns(t) if extra_columns else {}
+    extra = extra_columns(t, f) if extra_columns else {}
     t = t.set_column(t.schema.get_field_index("text"), "text_chars", pc.utf8_length(t["text"]))
     for name, values in extra.items():
         t = t.append_column(name, pa.array(values))
     return t
 
 
-def batches(p, shards_dir: Path, extra_columns: Callable[[pa.Table], dict] | None = None) -> Iterator[Batch]:
-    """The shards, grouped into batches of up to MAX_BATCH_ROWS rows. `extra_columns(table)` may add
-    derived columns (computed from the text) for a stage's suite."""
+def batches(p, shards_dir: Path, extra_columns: Callable[[pa.Table, Path], dict] | None = None) -> Iterator[Batch]:
+    """The shards, grouped into batches of up to MAX_BATCH_ROWS rows. `extra_columns(table, shard path)` may
+    add derived columns (from the text, or from what the stage recorded for that shard) for a stage's suite."""
     tables, shards, rows = [], [], 0
     for f in sorted(shards_dir.glob("*.parquet")):
         t = _shard_table(f, extra_columns)

@@ -29,17 +29,14 @@ def expectations() -> list:
         E.ExpectColumnValuesToBeBetween(column="kept_but_dropped", min_value=0, max_value=0)]
 
 
-def _decisions(root: Path) -> tuple[dict[str, float], set[str]]:
-    """(scores of the scored documents by id, ids the stage decided to drop): the score pass stores both
-    by rules-shard row (its keep flag is False for a rule's drop and for the classifier's draw)."""
-    scores, dropped = {}, set()
-    for f in sorted((root / "rules" / "shards").glob("*.parquet")):
-        ids = pq.read_table(f, columns=["id"]).column("id").to_pylist()
-        with np.load(root / "score" / "shards" / f"{f.stem}.npz", allow_pickle=False) as z:
-            score, keep = z["score"], z["keep"]
-        scores.update((i, float(s)) for i, s in zip(ids, score) if not np.isnan(s))
-        dropped.update(ids[j] for j in np.flatnonzero(~keep))
-    return scores, dropped
+def _decisions(root: Path, shard: str) -> tuple[dict[str, float], dict[str, bool]]:
+    """For the output shard named `shard` (one per rules shard, of the same name): the scored documents'
+    scores and every document's keep decision by id (the score pass stores both by rules-shard row; keep is
+    False for a rule's drop and for the classifier's draw). One shard in memory at a time."""
+    ids = pq.read_table(root / "rules" / "shards" / shard, columns=["id"]).column("id").to_pylist()
+    with np.load(root / "score" / "shards" / f"{Path(shard).stem}.npz", allow_pickle=False) as z:
+        score, keep = z["score"], z["keep"]
+    return {i: float(s) for i, s in zip(ids, score) if not np.isnan(s)}, dict(zip(ids, keep.tolist()))
 
 
 def _out_of_bounds(p, stats: dict) -> set[str]:
@@ -70,18 +67,19 @@ def count_mismatch(stats: dict, shards_dir: Path, root: Path) -> int:
 def batches(p, shards_dir: Path):
     root = Path(p.paths.data_dir) / "filter"
     stats = json.loads((root / "stats.json").read_text(encoding="utf-8"))
-    (scores, dropped), bad = _decisions(root), _out_of_bounds(p, stats)
-    mismatch = count_mismatch(stats, Path(shards_dir), root)
+    bad, mismatch = _out_of_bounds(p, stats), count_mismatch(stats, Path(shards_dir), root)
     scored = set(p.filter.classifier.negatives) if p.filter.classifier.enabled else set()
 
-    def columns(table: pa.Table) -> dict:
+    def columns(table: pa.Table, shard: Path) -> dict:
         ids, ds = table.column("id").to_pylist(), table.column("dataset").to_pylist()
+        scores, decided = _decisions(root, shard.name)
         # a scored dataset's kept document without a score gets -1: out of [0, 1]
         return {"score": np.array([scores.get(i, -1.0) if d in scored else scores.get(i, np.nan)
                                    for i, d in zip(ids, ds)], dtype=np.float64),
                 # on every row: a dataset the classifier dropped entirely has no row of its own
                 "kept_fraction_out_of_bounds": np.full(table.num_rows, len(bad), dtype=np.int64),
                 "count_mismatch": np.full(table.num_rows, mismatch, dtype=np.int64),
-                "kept_but_dropped": np.array([i in dropped for i in ids], dtype=np.int64)}
+                # an id its rules shard does not hold was not decided there: counted as not kept
+                "kept_but_dropped": np.array([not decided.get(i, False) for i in ids], dtype=np.int64)}
 
     yield from doc_checks.batches(p, shards_dir, columns)

@@ -51,11 +51,18 @@ def blend_rows(p, blend_dir: Path, manifest: dict, report: dict) -> dict[str, di
     names, weights, _ = resolve_weights(p, manifest["datasets"])
     samples = int(report["samples"])
     tolerance = max(0.005, 2.0 / samples)
-    which = np.load(blend_dir / "dataset_index.npy", mmap_mode="r")
-    nth = np.load(blend_dir / "dataset_sample_index.npy", mmap_mode="r")
-    counts = np.bincount(np.asarray(which, dtype=np.int64), minlength=len(names))
-    stray = int(counts[len(names):].sum()) + int(len(which) != samples) + int(len(nth) != samples) \
-        + int(report.get("order") != names)
+    which = np.asarray(np.load(blend_dir / "dataset_index.npy"), dtype=np.int64)
+    nth = np.asarray(np.load(blend_dir / "dataset_sample_index.npy"), dtype=np.int64)
+    valid = which >= 0
+    counts = np.bincount(which[valid], minlength=len(names))
+    stray = int((~valid).sum()) + int(counts[len(names):].sum()) + int(len(which) != samples) \
+        + int(len(nth) != samples) + int(report.get("order") != names)
+    # each dataset's lowest and highest sample number, in one pass over the blend
+    ours = valid & (which < len(names)) if len(which) == len(nth) else np.zeros(0, dtype=bool)
+    low, high = np.zeros(len(names), dtype=np.int64), np.full(len(names), -1, dtype=np.int64)
+    if ours.any():
+        np.minimum.at(low, which[ours], nth[ours])
+        np.maximum.at(high, which[ours], nth[ours])
     out = {}
     for i, name in enumerate(names):
         info, folder = manifest["datasets"][name], blend_dir / manifest["datasets"][name]["prefix"]
@@ -65,9 +72,9 @@ def blend_rows(p, blend_dir: Path, manifest: dict, report: dict) -> dict[str, di
         except (OSError, ValueError):
             out[name] = {"share_off_target": 1, "index_out_of_bounds": 1}
             continue
-        mine = np.asarray(nth[np.asarray(which) == i])
-        bad = int((mine >= len(shuffle)).sum()) + int((np.asarray(shuffle) >= len(sample) - 1).sum()) \
-            + int((np.asarray(sample[:, 0]) >= len(doc)).sum()) + int((np.asarray(doc) >= info["documents"]).sum())
+        bad = int(high[i] >= len(shuffle)) + int(low[i] < 0) \
+            + int((np.asarray(shuffle) >= len(sample) - 1).sum()) + int((np.asarray(sample[:, 0]) >= len(doc)).sum()) \
+            + int((np.asarray(doc) >= info["documents"]).sum())
         out[name] = {"share_off_target": int(abs(counts[i] / samples - weights[i]) > tolerance),
                      "index_out_of_bounds": bad + stray}
     return out

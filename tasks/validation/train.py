@@ -36,19 +36,20 @@ def checkpoint_row(folder: Path) -> dict:
         bad = sum(1 for k, shape in expected.items() for key in ("param", "exp_avg", "exp_avg_sq")
                   if tensors[f"{key}/{k}"].shape != shape)
         not_finite = sum(1 for f in tensors.files for k in f.keys() if not torch.isfinite(f.get_tensor(k)).all())
-        return {"checkpoint_unloadable": int(bad > 0), "tensors_not_finite": not_finite, "meta": meta}
+        return {"checkpoint_unloadable": int(bad > 0), "tensors_not_finite": not_finite, "meta": meta,
+                "shapes": expected}
     except Exception:  # noqa: BLE001 - any failure to read it is what this expectation counts
-        return {"checkpoint_unloadable": 1, "tensors_not_finite": 0, "meta": {}}
+        return {"checkpoint_unloadable": 1, "tensors_not_finite": 0, "meta": {}, "shapes": {}}
 
 
-def export_row(hf: Path, meta: dict) -> int:
-    """How many of the export's files are not what the checkpoint's model gives (each one at most once)."""
+def export_row(hf: Path, meta: dict, shapes: dict) -> int:
+    """How many of the export's files are not what the checkpoint's model gives (each one at most once).
+    `shapes`: the model's tensor shapes by our names. Tensors are read one at a time."""
     import torch
     from safetensors import safe_open
 
     from trainer.config import ModelParams
     from trainer.export import hf_config, state_from_gpt2
-    from trainer.model import GPT
     bad = 0
     try:
         p = ModelParams(**meta["model"])
@@ -58,11 +59,13 @@ def export_row(hf: Path, meta: dict) -> int:
     except Exception:  # noqa: BLE001 - unreadable or not JSON, or no checkpoint to compare with
         bad += 1
     try:
-        expected = {k: v.shape for k, v in GPT(ModelParams(**meta["model"])).state_dict().items()}
         with safe_open(str(hf / "model.safetensors"), "pt") as f:
-            ours = state_from_gpt2(f.get_tensor, ModelParams(**meta["model"]))
-        bad += int({k: v.shape for k, v in ours.items()} != expected
-                   or not all(torch.isfinite(v).all() for v in ours.values()))
+            # our names and shapes from the file's, mapped as a loader maps them (meta tensors: no data)
+            ours = state_from_gpt2(lambda n: torch.empty(f.get_slice(n).get_shape(), device="meta"),
+                                   ModelParams(**meta["model"]))
+            finite = all(torch.isfinite(f.get_tensor(k)).all() for k in f.keys())
+        bad += int({k: tuple(v.shape) for k, v in ours.items()} != {k: tuple(v) for k, v in shapes.items()}
+                   or not finite)
     except Exception:  # noqa: BLE001 - a missing tensor, a shape that does not reshape, a damaged file
         bad += 1
     try:
@@ -75,7 +78,7 @@ def export_row(hf: Path, meta: dict) -> int:
 def batches(p, model_dir: Path):
     model_dir = Path(model_dir)
     row = checkpoint_row(model_dir / "checkpoint")
-    meta = row.pop("meta")
+    meta, shapes = row.pop("meta"), row.pop("shapes")
     with (model_dir / "metrics.csv").open(newline="") as f:
         logged = list(csv.DictReader(f))
     losses = [float(r["loss"]) for r in logged]
@@ -88,5 +91,5 @@ def batches(p, model_dir: Path):
                steps_not_logged_once=int(steps != list(range(1, int(meta.get("step", -1)) + 1))),
                # training stops at the first step that reaches the schedule's tokens
                tokens_off_schedule=int(not wanted <= meta.get("consumed_tokens", -1) < wanted + last_batch),
-               export_invalid=export_row(model_dir / "hf", meta))
+               export_invalid=export_row(model_dir / "hf", meta, shapes))
     yield Batch(pd.DataFrame([{"run": "train", **row}], columns=["run", *CHECKS]), [("run", 0, 1)])
