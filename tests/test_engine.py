@@ -118,6 +118,36 @@ def test_bf16_pipeline_keeps_the_tied_heads_gradient(tmp_path):
     assert max_rel_diff(launch(run, tmp_path)["losses"], fp32) < 5e-3
 
 
+def _bf16_reduce_dtypes(rank: int, init: str, queue) -> None:
+    import os
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",
+                      DS_ACCELERATOR="cpu")
+    import deepspeed.comm as dcomm
+    seen, reduce = [], dcomm.all_reduce
+
+    def spy(tensor, *args, **kwargs):
+        seen.append(str(tensor.dtype))
+        return reduce(tensor, *args, **kwargs)
+    dcomm.all_reduce = spy  # the engines call it as deepspeed.comm.all_reduce
+    from trainer.engine import Engine
+    from trainer.parity import batches
+    engine = Engine.start(TINY, RUN.parallel, RUN.optim.model_copy(update={"dtype": "bf16"}))
+    seen.clear()
+    engine.train_step(batches(RUN)[0])
+    queue.put((rank, sorted(set(seen))))
+
+
+def test_bf16_gradients_are_reduced_in_fp32_and_zero_0_runs_as_1():
+    """DeepSpeed reduces bf16 runs' gradients in its communication dtype, bf16 by default: the fp32
+    accumulators were rounded to bf16 before clipping and Adam, even at dp 1 (45,778 of 57,856 elements
+    changed in a review's step). And zero_stage 0 in bf16 stopped at start with DeepSpeed's
+    NotImplementedError (bf16 gradients are accumulated in fp32 only under ZeRO)."""
+    from tests.ranks import run_ranks
+    dtypes = run_ranks(_bf16_reduce_dtypes, world_size=1)[0]
+    assert dtypes and "torch.bfloat16" not in dtypes, dtypes
+    assert zero_stage(ParallelParams(zero_stage=0, dp=2), OptimParams(dtype="bf16")) == 1
+
+
 def _count_block_forwards(rank: int, init: str, queue) -> None:
     import os
     # one rank: MASTER_PORT 0, its store binds a free port
@@ -166,3 +196,22 @@ def test_a_stale_torch_extension_lock_does_not_hang_a_training_start(tmp_path):
         pytest.fail("the start waited on the stale lock file")
     assert out.stdout.strip().endswith("started 1"), out
     assert stale.exists()  # not ours to remove: another process may be building there
+
+
+def test_fp16_at_its_minimum_loss_scale_stops_in_one_line(monkeypatch):
+    """DeepSpeed's dynamic loss scaler raises a bare Exception when a step overflows at the minimum scale
+    (Megatron's would skip steps on forever); the run stops with a `training failed` line naming why."""
+    import torch
+
+    from tasks.core.errors import TrainingError
+    from trainer.engine import Engine
+
+    class Scaler:
+        def train_batch(self, data_iter):
+            raise Exception("Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.")
+
+    monkeypatch.setenv("RANK", "0")
+    engine = Engine(Scaler(), TINY, RUN.parallel, [])
+    with pytest.raises(TrainingError, match=r"^fp16 loss scale is at its minimum \(min_loss_scale 1\) and the step "
+                                            r"still overflows"):
+        engine.train_step(torch.zeros(8, 17, dtype=torch.long))

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 import torch
 import torch.nn as nn
 
+from tasks.core.errors import TrainingError
 from trainer.config import ModelParams, OptimParams, ParallelParams, plan
 from trainer.topology import coord, tensor_group
 
@@ -51,9 +52,10 @@ def zero_stage(par: ParallelParams, opt: OptimParams) -> int:
     to partition and its flat-buffer copies cost ~7% of a CPU step, so a single-stage dp = 1 fp32 run
     uses stage 0. ZeRO-1 stays with pp > 1 (DeepSpeed's stage-0 clipping counts the tied embedding's
     gradient on both stages; its ZeRO-1 norm skips the replica) and in half precision (the fp32 master
-    weights and moments are then reached the same way as under dp > 1, for checkpoints)."""
+    weights and moments are then reached the same way as under dp > 1, for checkpoints). bf16 runs ZeRO-1
+    whatever is asked: DeepSpeed accumulates bf16 gradients in fp32 only there (stage 0 stops at start)."""
     single = par.dp == 1 and par.pp == 1 and opt.dtype == "fp32"
-    return 0 if single else par.zero_stage
+    return 0 if single else 1 if opt.dtype == "bf16" else par.zero_stage
 
 
 def deepspeed_config(par: ParallelParams, opt: OptimParams) -> dict:
@@ -66,8 +68,11 @@ def deepspeed_config(par: ParallelParams, opt: OptimParams) -> dict:
                                                   "weight_decay": opt.weight_decay, "torch_adam": True}},
         "gradient_clipping": opt.grad_clip,  # DeepSpeed's default is 1.0 whatever the recipe says
         "zero_optimization": {"stage": zero_stage(par, opt)},
-        # bf16 gradients summed over many micro-batches lose precision: accumulate them in fp32
-        **({"data_types": {"grad_accum_dtype": "fp32"}} if opt.dtype == "bf16" else {}),
+        # bf16 gradients summed over many micro-batches lose precision: accumulate them in fp32, and reduce
+        # them over the replicas in fp32 (DeepSpeed's default communication dtype under bf16 is bf16, which
+        # rounded the fp32 accumulators to bf16 before clipping and Adam, even at dp 1: Megatron forces fp32)
+        **({"data_types": {"grad_accum_dtype": "fp32"}, "communication_data_type": "fp32"}
+           if opt.dtype == "bf16" else {}),
         # each gradient goes to its fp32 accumulator as it is computed: without it DeepSpeed's bf16 optimizer
         # clears the last stage's gradients once its backward has begun, after the tied head's was computed,
         # and at pp > 1 the word embedding trained on the first stage's lookup gradient alone
@@ -96,7 +101,10 @@ class Engine:
         world = int(os.environ.get("WORLD_SIZE", "1"))
         model, notes = plan(model, par, world)
         if zero_stage(par, opt) != par.zero_stage:
-            notes.append(f"zero_stage {par.zero_stage} runs as 0 at dp 1, pp 1 (one replica: nothing to partition)")
+            notes.append(f"zero_stage {par.zero_stage} runs as 0 at dp 1, pp 1 (one replica: nothing to partition)"
+                         if zero_stage(par, opt) == 0 else
+                         f"zero_stage {par.zero_stage} runs as 1 in bf16 (DeepSpeed accumulates bf16 gradients in "
+                         f"fp32 only under ZeRO)")
         if int(os.environ.get("RANK", "0")) == 0:
             for note in notes:
                 print(f"note: {note}", file=sys.stderr)
@@ -137,7 +145,13 @@ class Engine:
         step's mean loss over the whole global batch (the same number on every rank)."""
         micro: Iterable = ((mb[:, :-1].contiguous(), mb[:, 1:].contiguous())
                            for mb in rows.split(self.par.micro_batch))
-        return float(self.ds.train_batch(data_iter=iter(micro)))
+        try:
+            return float(self.ds.train_batch(data_iter=iter(micro)))
+        except Exception as e:  # DeepSpeed's fp16 scaler stops the run where Megatron's would skip on forever
+            if "loss scale already at minimum" not in str(e):
+                raise
+            raise TrainingError("fp16 loss scale is at its minimum (min_loss_scale 1) and the step still overflows: "
+                                "the gradients are not finite at any scale (lower the learning rate, or bf16)") from None
 
     def grad_norm(self) -> float | None:
         """The last step's global gradient norm before clipping, as DeepSpeed's optimizer computed it
