@@ -113,9 +113,7 @@ def scaled(held: torch.Tensor, factor: torch.Tensor, dtype: torch.dtype) -> torc
     """held x factor (0-dim) multiplied in fp32, in `dtype`. Not torch's `held * factor`: on CUDA it rounds
     a 0-dim fp32 tensor to a bf16 operand's dtype before multiplying (1/3 -> 0.33398)."""
     out = torch.empty(held.shape, dtype=dtype, device=held.device)
-    vec = 16 // held.element_size()
-    if held.numel() % vec or held.data_ptr() % 16:
-        vec = 1
+    vec = runtime.vector_width(held.numel(), held, out)
     n_vec = held.numel() // vec
     blocks = max(1, min(-(-n_vec // 256), runtime.multiprocessors(held.device) * 16))
     runtime.launch(FILE, scale_expression(held.dtype, dtype, vec), (blocks,), (256,),

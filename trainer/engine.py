@@ -100,9 +100,10 @@ class Engine:
         stage with the layout-independent initialisation for `seed`, and wrap it in DeepSpeed."""
         world = int(os.environ.get("WORLD_SIZE", "1"))
         model, notes = plan(model, par, world)
-        if zero_stage(par, opt) != par.zero_stage:
+        stage = zero_stage(par, opt)
+        if stage != par.zero_stage:
             notes.append(f"zero_stage {par.zero_stage} runs as 0 at dp 1, pp 1 (one replica: nothing to partition)"
-                         if zero_stage(par, opt) == 0 else
+                         if stage == 0 else
                          f"zero_stage {par.zero_stage} runs as 1 in bf16 (DeepSpeed accumulates bf16 gradients in "
                          f"fp32 only under ZeRO)")
         if int(os.environ.get("RANK", "0")) == 0:

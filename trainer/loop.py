@@ -10,7 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-
 from tasks.core.errors import ConfigError, TrainingError
 from trainer import checkpoint, rng, schedule
 from trainer.config import ModelParams, TrainParams

@@ -127,8 +127,8 @@ def split_heldout(cls: str, picks: list[tuple[float, str, float]], max_docs: int
     if len(chosen) < 2:
         raise ConfigError(f"filter.classifier: 1 {name} document, the classifier needs two (one to train on, "
                           f"one held out for the calibration and the AUC)")
-    held = [u < holdout for _, _, u in chosen]
     us = [u for _, _, u in chosen]
+    held = [u < holdout for u in us]
     if not any(held):
         held[us.index(min(us))] = True
     elif all(held):

@@ -65,7 +65,8 @@ def blend_rows(p, blend_dir: Path, manifest: dict, report: dict) -> dict[str, di
         np.maximum.at(high, which[ours], nth[ours])
     out = {}
     for i, name in enumerate(names):
-        info, folder = manifest["datasets"][name], blend_dir / manifest["datasets"][name]["prefix"]
+        info = manifest["datasets"][name]
+        folder = blend_dir / info["prefix"]
         try:
             doc, sample, shuffle = (np.load(folder / f"{k}.npy", mmap_mode="r")
                                     for k in ("document_index", "sample_index", "shuffle_index"))
