@@ -76,6 +76,7 @@ def evaluate_checkpoints(params: PipelineParams = DEFAULT_PARAMS, params_file: s
         history_dir: Where the per-checkpoint results and history.jsonl go; empty:
             `<paths.data_dir>/evaluate/history`.
     """
+    interrupts.guard_flow_run()  # a deployment's run: a stop that a finalizer dropped is raised again
     try:
         return _evaluate_checkpoints(params, params_file, checkpoints_dir, history_dir)
     except Exception as e:  # the run fails with its one line, as a stage's does (the traceback: debug log)

@@ -42,6 +42,7 @@ def pretraining_pipeline(params: PipelineParams = DEFAULT_PARAMS, params_file: s
         params_file: A params file to read instead of `params` (leave empty to use `params`).
         stages: Run only these stages, in DAG order (leave empty for all).
     """
+    interrupts.guard_flow_run()  # a deployment's run: a stop that a finalizer dropped is raised again
     rows: list[dict] = []
     p = params
     try:

@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -18,7 +19,7 @@ import pytest
 
 from tasks.core import lifeline
 from tasks.sample.server import StaticHandler, StaticServer
-from tests.conftest import BIN
+from tests.conftest import BIN, REPO
 from tests.project_copy import copy_project
 from tests.test_prefect import api, run
 
@@ -210,3 +211,42 @@ def cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+# A deployment's flow, run as a worker runs it: SIGTERM lands while a finalizer runs in the main thread
+# (Prefect's handler raises TerminationSignal there, which Python drops), then the flow goes on
+SIGTERM_IN_A_FINALIZER = """
+    import signal, sys, time
+    import {module} as entry
+    from tasks.core.errors import ConfigError
+
+    class Finalized:
+        def __del__(self):
+            signal.raise_signal(signal.SIGTERM)  # the worker's stop, with Prefect's handler in place
+
+    def resolve(params, params_file):  # the flow's first call
+        from prefect.runtime import flow_run
+        print(flow_run.id, flush=True)
+        kept = Finalized()
+        del kept
+        for _ in range(3000):  # up to 30 s of the run going on
+            time.sleep(0.01)
+        raise ConfigError("went on")
+
+    entry.resolve = resolve
+    print(entry.{flow}(return_state=True).message)
+"""
+
+
+@pytest.mark.parametrize("module, flow", [("flows.pipeline", "pretraining_pipeline"),
+                                          ("flows.eval_schedule", "evaluate_checkpoints")])
+def test_a_stop_dropped_in_a_finalizer_of_a_deployments_run_still_stops_it(server, module, flow):
+    """A CI run of the worker drill: the run the worker stopped went on to its end, was killed a minute
+    later and stayed Running. `python -m prefect.engine` installs none of a command's interrupt handling."""
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(SIGTERM_IN_A_FINALIZER.format(module=module, flow=flow))],
+                         cwd=REPO, env=server, capture_output=True, text=True, timeout=300)
+    run_id = out.stdout.split()[0] if out.stdout.split() else None
+    assert out.returncode == -signal.SIGTERM and "went on" not in out.stdout, (out.stdout, out.stderr[-3000:])
+    state = api(server, f"/flow_runs/{run_id}")
+    assert (state["state_type"], state["state"]["message"]) == \
+        ("CRASHED", "Execution was aborted by a termination signal."), out.stderr[-3000:]

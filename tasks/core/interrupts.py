@@ -76,6 +76,20 @@ def install(exit_within_s: float = EXIT_WITHIN_S) -> None:
         signal.signal(signal.SIGTERM, _on_sigterm)
 
 
+def guard_flow_run() -> None:
+    """From a deployment's flow code, first thing: a worker runs it in `python -m prefect.engine`, where no
+    command installed this module, and Prefect's SIGTERM handler (the worker's stop, flows/worker.py) raised
+    its TerminationSignal in a finalizer now and then. Dropped there, the run went on to its end, was
+    killed by the worker a minute later and stayed Running in the UI (a CI run of the worker drill). Here
+    the dropped signal is raised again, as in a command-line run; SIGTERM stays Prefect's, and the limit set
+    by a command's `install` stays as it was."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    _raise_lost_interrupts()
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # the resent request arrives as SIGINT
+        signal.signal(signal.SIGINT, _on_sigint)
+
+
 def exit_code() -> int:
     """130, the exit status of a command stopped by Ctrl-C (143 by SIGTERM), and no other: a KeyboardInterrupt that
     escaped code a C extension ran through PyRun_String (numba's import does) sets a flag in CPython 3.11
