@@ -14,7 +14,8 @@ So the worker runs here as a child in a session of its own (a terminal's Ctrl-C 
 alone), with SIGINT at its default. On Ctrl-C or SIGTERM, each run it is executing gets SIGTERM first,
 as a cancel from the UI does: the run stops its shards and ranks and is recorded as Crashed ("aborted by
 a termination signal"; a rerun resumes it). Then the worker gets its SIGINT. A kill -9 of this process
-still stops the worker and its runs (tasks.core.lifeline's watcher).
+still stops the worker and its runs (tasks.core.lifeline's watcher). A run that has not ended a minute
+after its SIGTERM is killed and recorded as Crashed here, saying so: a killed run records no end itself.
 """
 from __future__ import annotations
 
@@ -51,9 +52,19 @@ def _runs_engine(pid: int) -> bool:
         return False
 
 
+def flow_run_id(pid: int) -> str | None:
+    """The flow run a `prefect.engine` process executes (the worker hands it PREFECT__FLOW_RUN_ID)."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:  # gone meanwhile
+        return None
+    return next((v.split(b"=", 1)[1].decode() for v in environ if v.startswith(b"PREFECT__FLOW_RUN_ID=")), None)
+
+
 def _stop_runs(worker: int, within_s: float) -> int:
-    """SIGTERM to each run the worker is executing, SIGKILL to what is left after `within_s`; how many."""
-    runs = flow_runs(worker)
+    """SIGTERM to each run the worker is executing, SIGKILL to what is left after `within_s`; how many.
+    A run killed so never recorded its end: it is recorded as crashed here."""
+    runs = {pid: flow_run_id(pid) for pid in flow_runs(worker)}
     for pid in runs:
         _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + within_s
@@ -61,7 +72,25 @@ def _stop_runs(worker: int, within_s: float) -> int:
         time.sleep(0.1)
     for pid in left:
         _signal(pid, signal.SIGKILL)
+    for pid in left:
+        if runs[pid]:
+            record_crashed(runs[pid], f"the worker stopped: the run had not ended {within_s:g} s after its SIGTERM "
+                                      "and was killed; rerun to resume")
     return len(runs)
+
+
+def record_crashed(run_id: str, message: str) -> None:
+    """Crashed, with `message`, for a run still not in a final state: without it a killed run stayed
+    Running in the UI for good. A server that cannot be reached gets one line, not a traceback."""
+    from prefect.client.orchestration import get_client  # here: the worker's stop is the only user
+    from prefect.states import Crashed
+    try:
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(run_id).state
+            if state is None or not state.is_final():
+                client.set_flow_run_state(run_id, Crashed(message=message), force=True)
+    except Exception as e:  # noqa: BLE001 - any failure of the API call is this one line
+        print(f"could not record flow run {run_id} as crashed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
 
 
 def _signal(pid: int, sig: int) -> None:

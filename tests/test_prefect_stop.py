@@ -250,3 +250,29 @@ def test_a_stop_dropped_in_a_finalizer_of_a_deployments_run_still_stops_it(serve
     state = api(server, f"/flow_runs/{run_id}")
     assert (state["state_type"], state["state"]["message"]) == \
         ("CRASHED", "Execution was aborted by a termination signal."), out.stderr[-3000:]
+
+
+STUCK_RUN = """
+    import os, subprocess, sys
+    from flows import worker
+
+    # a run's process as the worker starts it, that does not end on SIGTERM (stuck anywhere)
+    stuck = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                              "print('ready', flush=True); time.sleep(600)", "prefect.engine"],
+                             env={**os.environ, "PREFECT__FLOW_RUN_ID": sys.argv[1]}, stdout=subprocess.PIPE)
+    stuck.stdout.readline()
+    print(worker._stop_runs(os.getpid(), 1.0), stuck.wait(30))
+"""
+
+
+def test_a_run_that_does_not_stop_for_the_worker_is_killed_and_recorded_as_crashed(server):
+    """The worker's stop kills a run still going a minute after its SIGTERM, which then recorded no end:
+    the UI showed it Running for good while the worker's line said it was recorded as crashed."""
+    flow = api(server, "/flows/", {"name": "stuck-for-the-worker"})
+    flow_run = api(server, "/flow_runs/", {"flow_id": flow["id"], "state": {"type": "RUNNING", "name": "Running"}})
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(STUCK_RUN), flow_run["id"]], cwd=REPO, env=server,
+                         capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["1", str(-signal.SIGKILL)], (out.stdout, out.stderr[-3000:])
+    state = api(server, f"/flow_runs/{flow_run['id']}")
+    assert state["state_type"] == "CRASHED", state
+    assert state["state"]["message"].startswith("the worker stopped: the run had not ended 1 s after its SIGTERM"), state
