@@ -29,13 +29,15 @@ def api(env: dict, path: str, body: dict | None = None):
     req = urllib.request.Request(env["PREFECT_API_URL"] + path, method="POST" if body is not None else "GET",
                                  data=json.dumps(body).encode() if body is not None else None,
                                  headers={"Content-Type": "application/json"})
-    for wait in (1, 2, 4, 8, 0):
+    deadline, wait = time.monotonic() + 120, 1  # Prefect's own client keeps trying for about a minute
+    while True:
         try:
             return json.loads(urllib.request.urlopen(req, timeout=30).read())
         except urllib.error.HTTPError as e:
-            if e.code != 503 or not wait:
+            if e.code != 503 or time.monotonic() > deadline:
                 raise
             time.sleep(wait)
+            wait = min(2 * wait, 8)
 
 
 def run_logs(env: dict, flow_run: dict) -> str:
@@ -217,11 +219,11 @@ def test_ui_quick_run_shows_summary_plots_and_data_docs(server, tmp_path):
             browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             # the UI renders after its own API calls: each check waits for what it looks for (never a fixed
-            # sleep, which a loaded machine outlasts), up to a minute
+            # sleep, which a loaded machine outlasts), up to a minute (expect() has its own 5 s default)
             page.set_default_timeout(60_000)
             page.goto(f"{ui}/deployments/deployment/{dep['id']}/run")  # the custom-run form
-            expect(page.get_by_text("N Warc Files").first).to_be_visible()
-            expect(page.get_by_text("Every pipeline parameter").first).to_be_visible()
+            expect(page.get_by_text("N Warc Files").first).to_be_visible(timeout=60_000)
+            expect(page.get_by_text("Every pipeline parameter").first).to_be_visible(timeout=60_000)
             page.wait_for_function("url => [...document.querySelectorAll('textarea, input')]"
                                    ".some(e => e.value === url)", arg=f"http://127.0.0.1:{docs_port}")
             page.goto(f"{ui}/deployments/deployment/{dep['id']}")
@@ -247,7 +249,7 @@ def test_ui_quick_run_shows_summary_plots_and_data_docs(server, tmp_path):
             link = page.locator("tr", has_text="extract").get_by_role("link", name="artifact").get_attribute("href")
             assert link.startswith(f"{ui}/artifacts/artifact/")
             page.goto(link)  # the extract stage's artifact
-            expect(page.get_by_text("expect_column_values_to_be_unique").first).to_be_visible()
+            expect(page.get_by_text("expect_column_values_to_be_unique").first).to_be_visible(timeout=60_000)
             assert "Stage" in page.content()
             page.wait_for_function("() => [...document.images].some(e => e.src.startsWith('data:image/png')) && "
                                    "[...document.images].every(e => e.complete)")  # decoded, or failed to
