@@ -276,3 +276,14 @@ def test_a_run_that_does_not_stop_for_the_worker_is_killed_and_recorded_as_crash
     state = api(server, f"/flow_runs/{flow_run['id']}")
     assert state["state_type"] == "CRASHED", state
     assert state["state"]["message"].startswith("the worker stopped: the run had not ended 1 s after its SIGTERM"), state
+
+
+def test_a_killed_run_the_worker_cannot_record_is_one_line():
+    from tests.conftest import free_port
+    env = {**os.environ, "PREFECT_API_URL": f"http://127.0.0.1:{free_port()}/api"}  # nothing listens there
+    out = subprocess.run([sys.executable, "-c", "from flows.worker import record_crashed; "
+                          "record_crashed('5d8b3c39-5c5c-4a8d-9a83-6c1f0c2e7a11', 'killed')"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stderr.strip().splitlines() == [
+        "could not record flow run 5d8b3c39-5c5c-4a8d-9a83-6c1f0c2e7a11 as crashed: ConnectError: "
+        "[Errno 111] Connection refused"], out.stderr
