@@ -87,6 +87,16 @@ def free_port() -> int:  # a port no other test's bind(0) or connection is hande
     return below_the_ephemeral_range()
 
 
+def all_end(pids: list[int], within_s: float) -> bool:
+    """Whether every process has ended, or ends within `within_s` (one just signalled, or killed with
+    SIGKILL, may not have been scheduled to die yet)."""
+    from tasks.core.lifeline import running
+    deadline = time.monotonic() + within_s
+    while any(map(running, pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not any(map(running, pids))
+
+
 @contextlib.contextmanager
 def prefect_server(home: Path, **settings: str):
     """A real `prefect server start` on 127.0.0.1 with its home in `home` and these settings; yields its

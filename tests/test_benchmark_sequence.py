@@ -14,8 +14,7 @@ import pytest
 
 from benchmarks import gpu_check, sequence
 from benchmarks.sequence import Step, run
-from tasks.core.lifeline import running
-from tests.conftest import REPO
+from tests.conftest import REPO, all_end
 
 
 def py(code: str) -> tuple[str, ...]:
@@ -113,7 +112,7 @@ def test_a_signal_stops_the_step_in_progress_and_what_it_started(tmp_path, signu
         lines = err.strip().splitlines()
         assert "grandchild stopped" in lines and lines[-1] == \
             f"interrupted ({signal.Signals(signum).name}): sleeps stopped; the steps after it not run", err
-        assert all_end(started)
+        assert all_end(started, 30)
         assert not marker.exists()
     finally:
         stop_all(runner, started)
@@ -126,18 +125,9 @@ def test_what_a_stopped_step_started_and_does_not_end_is_killed(tmp_path):
         runner.send_signal(signal.SIGTERM)
         out, err = runner.communicate(timeout=120)
         assert runner.returncode == 128 + signal.SIGTERM, err
-        assert all_end(started), "the deaf grandchild outlived the sequence"
+        assert all_end(started, 30), "the deaf grandchild outlived the sequence"
     finally:
         stop_all(runner, started)
-
-
-def all_end(pids: list[int], within_s: float = 30.0) -> bool:
-    """Whether every process has ended, or ends within `within_s`: one killed with SIGKILL just before the
-    runner exited may not have been scheduled to die yet."""
-    deadline = time.monotonic() + within_s
-    while any(map(running, pids)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not any(map(running, pids))
 
 
 def stop_all(runner, pids) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tasks.core.lifeline import running
-from tests.conftest import BIN, free_port, prefect_server
+from tests.conftest import BIN, all_end, free_port, prefect_server
 from tests.project_copy import copy_project
 from tests.test_prefect import api, run
 from tests.test_prefect_stop import TrickleHandler, children, cmdline, slow_crawl  # noqa: F401 - a fixture
@@ -49,9 +49,7 @@ def kill_make(proc: subprocess.Popen, log: Path, started: list[int]) -> str:
         proc.wait(timeout=120)
     except subprocess.TimeoutExpired:
         pytest.fail("make was still running 120 s after its SIGTERM:\n" + log.read_text()[-3000:])
-    deadline = time.monotonic() + 120
-    while any(map(running, started)) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    all_end(started, 120)
     left = [cmdline(pid).replace(b"\0", b" ").decode() for pid in started if running(pid)]
     assert not left, f"still running after make was killed: {left}\n" + log.read_text()[-3000:]
     return log.read_text()

@@ -19,7 +19,7 @@ import pytest
 
 from tasks.core import lifeline
 from tasks.sample.server import StaticHandler, StaticServer
-from tests.conftest import BIN, REPO
+from tests.conftest import BIN, REPO, free_port
 from tests.project_copy import copy_project
 from tests.test_prefect import api, run
 
@@ -279,7 +279,6 @@ def test_a_run_that_does_not_stop_for_the_worker_is_killed_and_recorded_as_crash
 
 
 def test_a_killed_run_the_worker_cannot_record_is_one_line():
-    from tests.conftest import free_port
     env = {**os.environ, "PREFECT_API_URL": f"http://127.0.0.1:{free_port()}/api"}  # nothing listens there
     out = subprocess.run([sys.executable, "-c", "from flows.worker import record_crashed; "
                           "record_crashed('5d8b3c39-5c5c-4a8d-9a83-6c1f0c2e7a11', 'killed')"],

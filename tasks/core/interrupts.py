@@ -66,10 +66,8 @@ def install(exit_within_s: float = EXIT_WITHIN_S) -> None:
     command's main() in a worker thread), where no signal handler can be set."""
     if threading.current_thread() is not threading.main_thread():
         return
-    _raise_lost_interrupts()
     _State.exit_within_s = exit_within_s
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        signal.signal(signal.SIGINT, _on_sigint)
+    guard_flow_run()  # the finalizer hook and the SIGINT handler
     # SIGTERM (`timeout`, `kill`, a scheduler) stops the run as Ctrl-C does, with exit status 143: by default
     # it killed the process at once, with no line, leaving Prefect's runs and the shards unreported
     if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, _on_sigterm):
@@ -77,7 +75,7 @@ def install(exit_within_s: float = EXIT_WITHIN_S) -> None:
 
 
 def guard_flow_run() -> None:
-    """From a deployment's flow code, first thing: a worker runs it in `python -m prefect.engine`, where no
+    """What `install` sets up bar SIGTERM and the limit. From a deployment's flow code, first thing: a worker runs it in `python -m prefect.engine`, where no
     command installed this module, and Prefect's SIGTERM handler (the worker's stop, flows/worker.py) raised
     its TerminationSignal in a finalizer now and then. Dropped there, the run went on to its end, was
     killed by the worker a minute later and stayed Running in the UI (a CI run of the worker drill). Here
