@@ -5,12 +5,13 @@
 At the sizes of `benchmarks.kernels` (the ~350M model at 8 x 2048 tokens, bf16), each kernel runs
 under several launch shapes: row layouts (a warp or a block per row, vectors per thread, block size,
 blocks per multiprocessor, LayerNorm's streamed forward, its backward's rows per iteration, shared
-memory accumulators and register caps) for LayerNorm and the causal softmax; rows
-in flight, row chunks and their order for the bias + GeLU backward. Each shape is first
-checked against the float64 reference (relative error of the output and of every gradient; bf16
-passes at <= 1e-2), then timed as `benchmarks.kernels` times (median of CUDA-event-timed repeats with
-the launches queued behind a GPU spin), with torch eager timed in the same run. The row marked `now`
-is the wrappers' current default. A shape that fails to compile or launch is reported, not fatal.
+memory accumulators and register caps) for LayerNorm and the causal softmax; rows in flight, row
+chunks and their order for the bias + GeLU backward; and the LayerNorm backward's partial-sum kernel
+alone, against torch's sum and cast. Each shape is first checked against the float64 reference
+(relative error of the output and of every gradient; bf16 passes at <= 1e-2), then timed as
+`benchmarks.kernels` times (median of CUDA-event-timed repeats with the launches queued behind a GPU
+spin), with torch eager timed in the same run. The row marked `now` is the wrappers' current
+default. A shape that fails to compile or launch is reported, not fatal.
 """
 from __future__ import annotations
 
@@ -175,7 +176,27 @@ def sweep(dtype, reps: int, peak: float, compiled: list[str]) -> list[dict]:
             rows.append(row)
             print(line(row), flush=True)
         torch.cuda.empty_cache()
+    rows.append(partial_sums_row(dtype, reps, peak))
+    print(line(rows[-1]), flush=True)
     return rows
+
+
+def partial_sums_row(dtype, reps: int, peak: float) -> dict:
+    """The LayerNorm backward's last step alone: its [2, blocks, 1024] fp32 partial dgamma/dbeta rows
+    (blocks as the default layout launches) summed by layer_norm_parts_sum, against torch's sum + cast."""
+    from kernels.layer_norm import sum_parts
+    x, w, b = torch.empty(8 * 2048, 1024, device="cuda", dtype=dtype), *(torch.empty(1024, device="cuda", dtype=dtype)
+                                                                         for _ in range(2))
+    blocks = layer_norm_layouts(x, w, b)[1].grid(x.shape[0], runtime.multiprocessors(x.device))
+    parts = torch.randn(2, blocks, 1024, device="cuda")
+    row = {"kernel": "layer_norm.parts", "shape": f"sum of {blocks} rows", "now": True,
+           "eager_ms": timed(lambda: parts.sum(1).to(dtype), reps, queued=True)}
+    out, ref = sum_parts(parts, dtype).double(), parts.double().sum(1)
+    row["error"] = ((out - ref).norm() / ref.norm()).item()
+    row["ms"] = timed(lambda: sum_parts(parts, dtype), reps, queued=True)
+    row["of_peak"] = (parts.numel() * 4 + 2 * 1024 * x.element_size()) / row["ms"] / 1e6 / peak
+    row["vs_eager"] = row["eager_ms"] / row["ms"]
+    return row
 
 
 def line(r: dict) -> str:

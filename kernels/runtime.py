@@ -274,5 +274,7 @@ def every_instantiation() -> dict[str, list[str]]:
                                      for w, s, r, a in BACKWARD_VARIANTS]
     out["cross_entropy.cu"] += [scale_expression(held, dtype, vec) for held, dtype in SCALE_DTYPES
                                 for vec in sorted({16 // torch.tensor([], dtype=held).element_size(), 1})]
+    from kernels.layer_norm import parts_sum_expression
+    out["layer_norm.cu"] += [parts_sum_expression(dtype) for dtype in CUDA_TYPE]
     out["minhash.cu"] = ["minhash_signatures"]  # dedup's signatures (tasks/dedup/gpu.py): integers only
     return out

@@ -95,9 +95,22 @@ def test_layer_norm_backward_variants(dtype, warp, slots, rows_per_step, shared_
         close(out, ref, dtype, f"layer_norm {name} ({lay})")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("parts,cols", [(1, 1024), (7, 33), (255, 1000), (1056, 1024), (2049, 96)])
+def test_layer_norm_partial_sums(dtype, parts, cols):
+    """The backward's partial dgamma/dbeta rows added up: partial counts below, at and past a block's
+    warps x rows in flight (32 x 8), and widths that leave a block's lanes without a column."""
+    from kernels.layer_norm import sum_parts
+    p = torch.randn(2, parts, cols, device="cuda", dtype=torch.float32)
+    out = sum_parts(p, dtype)
+    assert out.shape == (2, cols) and out.dtype == dtype
+    close(out, p.double().sum(1), dtype, f"layer_norm partial sums {parts} x {cols}")
+    assert torch.equal(sum_parts(p, dtype), out)
+
+
 @pytest.mark.parametrize("rows,cols", [(2048, 256), (4096, 1024)])
 def test_layer_norm_gradients_are_the_same_bytes_every_run(rows, cols):
-    """The partial dgamma/dbeta sums are folded in a fixed order (warps in order, then torch's sum),
+    """The partial dgamma/dbeta sums are folded in a fixed order (warps in order, then the partial rows'),
     so a rerun on the same device gives the same bytes (how many partials there are depends on the
     device's multiprocessors): 256 bf16 features take the warp-per-row layout, 1024 the block one."""
     x, dy = (torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16) for _ in range(2))

@@ -3,7 +3,7 @@
 // rows per block); WARP = false: one block per row. Forward, STREAM = true: gamma and beta are read
 // from cache for every row instead of held in registers, which leaves room to keep the next row's
 // loads in flight (for a warp holding a long row). Backward computes dx and, in the same pass, this
-// block's partial sums of dgamma and dbeta ([blocks, cols] fp32, summed by torch).
+// block's partial sums of dgamma and dbeta ([blocks, cols] fp32), which layer_norm_parts_sum adds up.
 
 template <bool WARP>
 __device__ __forceinline__ float row_sum(float v, float* scratch) {
@@ -245,5 +245,41 @@ __global__ void layer_norm_bwd(const T* __restrict__ dy, const T* __restrict__ x
         store_floats<VEC>(dbeta_part + blockIdx.x * (long long)cols + v * VEC, pb);
       }
     }
+  }
+}
+
+// The backward's partial rows ([2, parts, cols] fp32: dgamma's, then dbeta's) summed into [2, cols] of
+// the weight's type, in one launch where torch's sum and cast were two kernels: a block takes 32 columns
+// (a lane each, so a warp's loads are one 128-byte line of a partial row) of one of the two sums
+// (blockIdx.y); its warps take every warps-th partial row, PARTS_ILP rows in flight per warp, and add
+// their column sums in warp order (the same bytes every run, as atomics would not give).
+constexpr int PARTS_ILP = 8;
+
+template <typename T>
+__global__ void layer_norm_parts_sum(const float* __restrict__ parts, T* __restrict__ out, int n_parts, int cols) {
+  __shared__ float warp_sums[32][33];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int c = blockIdx.x * 32 + lane;
+  const float* p = parts + (long long)blockIdx.y * n_parts * cols + c;
+  float total = 0.f;
+  if (c < cols) {
+    float acc[PARTS_ILP];
+#pragma unroll
+    for (int i = 0; i < PARTS_ILP; ++i) acc[i] = 0.f;
+    int r = warp;
+    for (; r + (PARTS_ILP - 1) * warps < n_parts; r += PARTS_ILP * warps) {
+#pragma unroll
+      for (int i = 0; i < PARTS_ILP; ++i) acc[i] += p[(long long)(r + i * warps) * cols];
+    }
+    for (; r < n_parts; r += warps) acc[0] += p[(long long)r * cols];  // fewer than PARTS_ILP rows left
+#pragma unroll
+    for (int i = 0; i < PARTS_ILP; ++i) total += acc[i];
+  }
+  warp_sums[warp][lane] = total;
+  __syncthreads();
+  if (warp == 0 && c < cols) {
+    float sum = 0.f;
+    for (int w = 0; w < warps; ++w) sum += warp_sums[w][lane];
+    out[(long long)blockIdx.y * cols + c] = from_float<T>(sum);
   }
 }
