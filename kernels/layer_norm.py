@@ -44,7 +44,8 @@ class FusedLayerNorm(torch.autograd.Function):
         return dx, sums[0].view_as(weight), sums[1].view_as(weight), None, None, None
 
 
-PARTS_SUM_WARPS = 32  # warps per block of layer_norm_parts_sum: 32 partial rows in flight per column, x 8 each
+PARTS_SUM_THREADS = 1024  # layer_norm_parts_sum's block: 128 partial rows in flight per 8 columns
+PARTS_SUM_COLS = 8  # columns per block (PARTS_COLS in layer_norm.cu)
 
 
 def parts_sum_expression(dtype: torch.dtype) -> str:
@@ -54,9 +55,10 @@ def parts_sum_expression(dtype: torch.dtype) -> str:
 def sum_parts(parts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """[2, cols] of `dtype`: the backward's [2, blocks, cols] fp32 partial dgamma/dbeta rows added up
     in a fixed order, one kernel (torch's sum then cast took two; ~15 of the backward's 72 us on the H100)."""
+    assert parts.dtype == torch.float32 and parts.is_contiguous() and parts.shape[0] == 2
     _, blocks, cols = parts.shape
     out = torch.empty(2, cols, dtype=dtype, device=parts.device)
-    runtime.launch(FILE, parts_sum_expression(dtype), ((cols + 31) // 32, 2), (32 * PARTS_SUM_WARPS,),
+    runtime.launch(FILE, parts_sum_expression(dtype), (-(-cols // PARTS_SUM_COLS), 2), (PARTS_SUM_THREADS,),
                    (parts, out, runtime.i32(blocks), runtime.i32(cols)))
     return out
 
