@@ -3,8 +3,10 @@ validation as a table, its plots, a Data Docs link that opens over http) and one
 on the pipeline run linking them all. Every later stage gets the same page from its stats.json."""
 from __future__ import annotations
 
+import functools
 import re
 
+import httpx
 from prefect.artifacts import create_markdown_artifact
 from prefect.settings import PREFECT_UI_URL
 
@@ -26,9 +28,25 @@ def docs_link(p: PipelineParams, stage: str | None = None) -> str:
 
 
 def artifact_url(artifact_id) -> str:
-    """The UI page of an artifact (relative when the UI's address is not configured)."""
+    """The UI page of an artifact, in the UI a browser opens by default (relative when the UI's address
+    is not configured)."""
     base = (PREFECT_UI_URL.value() or "").rstrip("/")
-    return f"{base}/artifacts/artifact/{artifact_id}"
+    return f"{default_ui(base) if base else base}/artifacts/artifact/{artifact_id}"
+
+
+@functools.cache
+def default_ui(ui_url: str) -> str:
+    """The address of the UI the server sends a browser to: Prefect 3.8 serves two, V1 at the root and V2
+    under /v2, and its root sends a browser with no saved choice to V2 (`server.ui.v2_enabled`), while a
+    V1 page's address stays V1, so links to V1 pages took a person out of the UI they were using. The
+    server says which it defaults to in /ui-settings; the root's address when it cannot be asked."""
+    try:
+        settings = httpx.get(f"{ui_url}/ui-settings", timeout=10).raise_for_status().json()
+        path = settings[f"{settings['default_ui']}_base_url"]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return ui_url
+    url = httpx.URL(ui_url)
+    return f"{url.scheme}://{url.netloc.decode()}{path.rstrip('/')}"
 
 
 def stats_markdown(stats: dict, report: ValidationReport | None, p: PipelineParams, failure: str | None = None) -> str:

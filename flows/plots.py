@@ -1,6 +1,6 @@
 """The distributions a person would rather see than read, as small PNG bar charts. They are
 embedded in the stages' markdown artifacts as data URIs, so they show inside the Prefect UI with
-no file server (checked in Chromium against the V1 UI)."""
+no file server (checked in Chromium in both of Prefect's UIs, V2 and V1)."""
 from __future__ import annotations
 
 import base64

@@ -1,8 +1,14 @@
 """The stage artifact's markdown (flows.artifacts): what a user reads in the Prefect UI."""
 from __future__ import annotations
 
-from flows.artifacts import stats_markdown
+from flows.artifacts import default_ui, stats_markdown
 from tasks.core.config import parse_params
+
+
+def test_links_go_to_the_root_s_pages_when_the_server_cannot_say_which_ui_it_defaults_to():
+    from tests.conftest import free_port
+    ui = f"http://127.0.0.1:{free_port()}"  # nothing listens there (the V2 default: tests/test_prefect.py)
+    assert default_ui(ui) == ui
 
 
 def test_warnings_stand_above_the_table_and_are_not_metrics():

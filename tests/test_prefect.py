@@ -202,8 +202,10 @@ def _chromium():
 
 
 def test_ui_quick_run_shows_summary_plots_and_data_docs(server, tmp_path):
-    """As a person would: deploy, press Run -> Quick run in the UI, let a worker run it, then find
-    the summary artifact on the run, a plot that renders and a Data Docs link that opens."""
+    """As a person would: deploy, open the UI (its default, V2: Prefect 3.8 serves V1 at the root's old
+    pages and V2 under /v2), press Run -> Quick run, let a worker run it, then find the summary artifact on
+    the run, follow its link to a stage's artifact in the same UI, a plot that renders and a Data Docs
+    link that opens; the V1 page of that artifact renders too."""
     sync_playwright, expect = _chromium()
     docs_port = free_port()
     repo = copy_project(tmp_path, paths={"docs_url": f"http://127.0.0.1:{docs_port}"})
@@ -221,12 +223,15 @@ def test_ui_quick_run_shows_summary_plots_and_data_docs(server, tmp_path):
             # the UI renders after its own API calls: each check waits for what it looks for (never a fixed
             # sleep, which a loaded machine outlasts), up to a minute (expect() has its own 5 s default)
             page.set_default_timeout(60_000)
-            page.goto(f"{ui}/deployments/deployment/{dep['id']}/run")  # the custom-run form
+            page.goto(ui)  # the address a person opens: the server sends a new browser to its default UI
+            page.wait_for_url(f"{ui}/v2/**")
+            v2 = f"{ui}/v2"
+            page.goto(f"{v2}/deployments/deployment/{dep['id']}/run")  # the custom-run form
             expect(page.get_by_text("N Warc Files").first).to_be_visible(timeout=60_000)
             expect(page.get_by_text("Every pipeline parameter").first).to_be_visible(timeout=60_000)
             page.wait_for_function("url => [...document.querySelectorAll('textarea, input')]"
                                    ".some(e => e.value === url)", arg=f"http://127.0.0.1:{docs_port}")
-            page.goto(f"{ui}/deployments/deployment/{dep['id']}")
+            page.goto(f"{v2}/deployments/deployment/{dep['id']}")
             # another test in this session may already have run the same deployment: count new runs only
             before = {r["id"] for r in api(server, "/flow_runs/filter",
                                            {"flow_runs": {"deployment_id": {"any_": [dep["id"]]}}})}
@@ -245,20 +250,24 @@ def test_ui_quick_run_shows_summary_plots_and_data_docs(server, tmp_path):
             summary = next(a for a in arts if a["key"] == "pipeline-summary")
             assert "| extract |" in summary["data"] and "/artifacts/artifact/" in summary["data"]
 
-            page.goto(f"{ui}/artifacts/artifact/{summary['id']}")
-            link = page.locator("tr", has_text="extract").get_by_role("link", name="artifact").get_attribute("href")
-            assert link.startswith(f"{ui}/artifacts/artifact/")
-            page.goto(link)  # the extract stage's artifact
+            page.goto(f"{v2}/artifacts/artifact/{summary['id']}")
+            link = page.locator("tr", has_text="extract").get_by_role("link", name="artifact")
+            assert link.get_attribute("href").startswith(f"{v2}/artifacts/artifact/")  # stays in this UI
+            link.click()  # the extract stage's artifact
             expect(page.get_by_text("expect_column_values_to_be_unique").first).to_be_visible(timeout=60_000)
-            assert "Stage" in page.content()
-            page.wait_for_function("() => [...document.images].some(e => e.src.startsWith('data:image/png')) && "
-                                   "[...document.images].every(e => e.complete)")  # decoded, or failed to
-            widths = page.eval_on_selector_all("img", "els => els.filter(e => e.src.startsWith('data:image/png'))"
-                                                      ".map(e => e.naturalWidth)")
-            assert widths and all(w > 100 for w in widths), widths  # the plots rendered
-            page.screenshot(path=str(tmp_path / "extract-artifact.png"))
-            href = page.get_by_role("link", name="Data Docs").first.get_attribute("href")
-            assert href == f"http://127.0.0.1:{docs_port}/extract/index.html"  # the stage's own site
+            assert page.url.startswith(f"{v2}/artifacts/artifact/") and "Stage" in page.content()
+            v2_page = page.url.split("?")[0]
+            for url in (v2_page, v2_page.replace(f"{v2}/", f"{ui}/", 1)):  # and the V1 UI's page of it
+                page.goto(url)
+                expect(page.get_by_text("expect_column_values_to_be_unique").first).to_be_visible(timeout=60_000)
+                page.wait_for_function("() => [...document.images].some(e => e.src.startsWith('data:image/png')) && "
+                                       "[...document.images].every(e => e.complete)")  # decoded, or failed to
+                widths = page.eval_on_selector_all("img", "els => els.filter(e => e.src.startsWith('data:image/png'))"
+                                                          ".map(e => e.naturalWidth)")
+                assert widths and all(w > 100 for w in widths), (url, widths)  # the plots rendered
+                href = page.get_by_role("link", name="Data Docs").first.get_attribute("href")
+                assert href == f"http://127.0.0.1:{docs_port}/extract/index.html", url  # the stage's own site
+            page.screenshot(path=str(tmp_path / "extract-artifact-v1.png"))
             page.goto(href)
             assert "Data Docs" in page.title() or "expectation" in page.content().lower()
             page.goto(f"http://127.0.0.1:{docs_port}/index.html")  # the index lists every stage's site
