@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -57,13 +58,20 @@ def run(cmd: list[str], cwd: Path, env: dict, timeout: int = 600) -> str:
 
 
 def test_pipeline_against_server_publishes_artifacts_and_leaves_dvc_up_to_date(server, tmp_path):
+    # the server is the session's: other test files run on it in the same worker (the stop drills leave
+    # Crashed and Cancelled pipeline runs), so only the runs that started after this test did count
+    since = datetime.now(timezone.utc).isoformat()
+
+    def own_runs():
+        return api(server, "/flow_runs/filter", {"flow_runs": {"start_time": {"after_": since}}})
+
     repo = copy_project(tmp_path)
     out = run([sys.executable, "-m", "flows.pipeline", "params.yaml"], repo, server)
     # the run recorded every stage in dvc.lock: DVC finds nothing to redo
     assert "recorded in dvc.lock: sample, download, extract, filter, dedup, decontaminate, tokenize, train, evaluate" in out
     assert "Data and pipelines are up to date." in dvc(repo, "status")
     assert ran(dvc(repo, "repro")) == []
-    runs = api(server, "/flow_runs/filter", {})
+    runs = own_runs()
     by_name = {}
     for r in runs:
         flow = api(server, f"/flows/{r['flow_id']}")["name"]
@@ -71,8 +79,9 @@ def test_pipeline_against_server_publishes_artifacts_and_leaves_dvc_up_to_date(s
     assert by_name["pretraining-pipeline"] == ["COMPLETED"]
     assert {"stage-sample", "stage-download", "stage-extract", "stage-filter", "stage-dedup",
             "stage-decontaminate"} <= set(by_name)
-    arts = api(server, "/artifacts/filter",
-               {"artifacts": {"key": {"any_": ["download-stats", "extract-stats", "decontaminate-stats"]}}})
+    arts = api(server, "/artifacts/filter", {"artifacts": {
+        "key": {"any_": ["download-stats", "extract-stats", "decontaminate-stats"]},
+        "flow_run_id": {"any_": [r["id"] for r in runs]}}})
     text = {a["key"]: a["data"] for a in arts}
     assert "| docs out |" in text["extract-stats"] and "### Validation passed" in text["extract-stats"]
     assert "Data Docs" in text["download-stats"]
@@ -95,10 +104,12 @@ def test_pipeline_against_server_publishes_artifacts_and_leaves_dvc_up_to_date(s
     assert f"{repo / 'dvc.lock'} was damaged (kept as dvc.lock.damaged); recorded in dvc.lock: sample, " in out
     assert (repo / "dvc.lock.damaged").read_bytes() == b""
     assert "Data and pipelines are up to date." in dvc(repo, "status")
-    texts = [a["data"] for a in api(server, "/artifacts/filter", {"artifacts": {"key": {"any_": ["filter-stats"]}}})]
+    runs = own_runs()
+    texts = [a["data"] for a in api(server, "/artifacts/filter", {"artifacts": {
+        "key": {"any_": ["filter-stats"]}, "flow_run_id": {"any_": [r["id"] for r in runs]}}})]
     assert len(texts) == 2 and sum("**Up to date:** not run again" in t for t in texts) == 1
     assert all("### Validation passed" in t for t in texts)
-    trains = [r["id"] for r in api(server, "/flow_runs/filter", {}) if api(server, f"/flows/{r['flow_id']}")["name"] == "stage-train"]
+    trains = [r["id"] for r in runs if api(server, f"/flows/{r['flow_id']}")["name"] == "stage-train"]
     progress = api(server, "/artifacts/filter", {"artifacts": {"type": {"any_": ["progress"]}, "flow_run_id": {"any_": trains}}})
     assert len(trains) == 2 and [a["data"] for a in progress] == [100.0]  # none for the run that did not train
     # a run from another parameter file is an experiment: dvc.lock keeps describing params.yaml's outputs
