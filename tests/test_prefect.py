@@ -51,6 +51,17 @@ def run_logs(env: dict, flow_run: dict) -> str:
     return "\n".join([f"state: {flow_run['state_type']}: {(flow_run.get('state') or {}).get('message')}", *lines])
 
 
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+def runs_since(env: dict, since: str) -> list[dict]:
+    """The flow runs that started after `since` (now()): a test's own. The server is the session's, and
+    other test files that xdist puts in the same worker leave their runs on it (the stop drills' Crashed
+    and Cancelled pipeline runs); a plain filter also stops at 200 runs, in id order, not time order."""
+    return api(env, "/flow_runs/filter", {"flow_runs": {"start_time": {"after_": since}}})
+
+
 def run(cmd: list[str], cwd: Path, env: dict, timeout: int = 600) -> str:
     out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
@@ -58,20 +69,14 @@ def run(cmd: list[str], cwd: Path, env: dict, timeout: int = 600) -> str:
 
 
 def test_pipeline_against_server_publishes_artifacts_and_leaves_dvc_up_to_date(server, tmp_path):
-    # the server is the session's: other test files run on it in the same worker (the stop drills leave
-    # Crashed and Cancelled pipeline runs), so only the runs that started after this test did count
-    since = datetime.now(timezone.utc).isoformat()
-
-    def own_runs():
-        return api(server, "/flow_runs/filter", {"flow_runs": {"start_time": {"after_": since}}})
-
+    since = now()
     repo = copy_project(tmp_path)
     out = run([sys.executable, "-m", "flows.pipeline", "params.yaml"], repo, server)
     # the run recorded every stage in dvc.lock: DVC finds nothing to redo
     assert "recorded in dvc.lock: sample, download, extract, filter, dedup, decontaminate, tokenize, train, evaluate" in out
     assert "Data and pipelines are up to date." in dvc(repo, "status")
     assert ran(dvc(repo, "repro")) == []
-    runs = own_runs()
+    runs = runs_since(server, since)
     by_name = {}
     for r in runs:
         flow = api(server, f"/flows/{r['flow_id']}")["name"]
@@ -104,7 +109,7 @@ def test_pipeline_against_server_publishes_artifacts_and_leaves_dvc_up_to_date(s
     assert f"{repo / 'dvc.lock'} was damaged (kept as dvc.lock.damaged); recorded in dvc.lock: sample, " in out
     assert (repo / "dvc.lock.damaged").read_bytes() == b""
     assert "Data and pipelines are up to date." in dvc(repo, "status")
-    runs = own_runs()
+    runs = runs_since(server, since)
     texts = [a["data"] for a in api(server, "/artifacts/filter", {"artifacts": {
         "key": {"any_": ["filter-stats"]}, "flow_run_id": {"any_": [r["id"] for r in runs]}}})]
     assert len(texts) == 2 and sum("**Up to date:** not run again" in t for t in texts) == 1
@@ -192,15 +197,15 @@ def test_a_failing_stage_fails_the_run_with_the_cli_line(server, tmp_path):
     raw = yaml.safe_load((repo / "params.yaml").read_text())
     raw["paths"]["benchmarks_dir"] = str(bench)
     (repo / "params.yaml").write_text(yaml.safe_dump(raw))
-    before = {r["id"] for r in api(server, "/flow_runs/filter", {})}  # other test files' runs on this server
+    since = now()
     out = subprocess.run([sys.executable, "-m", "flows.pipeline", "params.yaml"], cwd=repo, env=server,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 2, out.stderr[-3000:]
     line = out.stderr.strip().splitlines()[-1]
     assert line.startswith("input file error: task 'boolq': line 2: not valid JSON"), line
     failed = {}
-    for r in api(server, "/flow_runs/filter", {}):
-        if r["id"] not in before and r["state_type"] != "COMPLETED":
+    for r in runs_since(server, since):
+        if r["state_type"] != "COMPLETED":
             failed.setdefault(api(server, f"/flows/{r['flow_id']}")["name"], []).append(r["state"]["message"])
     assert failed == {"pretraining-pipeline": [line], "stage-sample": [line]}  # the sample plants task passages
 
