@@ -176,7 +176,7 @@ def sweep(dtype, reps: int, peak: float, compiled: list[str]) -> list[dict]:
                 row["of_peak"] = (fwd_bytes if i == 0 else bwd_bytes) / row["ms"] / 1e6 / peak
                 row["vs_eager"] = eager_ms[i] / row["ms"]
             except Exception as e:  # noqa: BLE001 - one failed shape does not end the sweep
-                row["failed"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:100]
+                row["failed"] = failure(e)
             rows.append(row)
             print(line(row), flush=True)
         torch.cuda.empty_cache()
@@ -184,7 +184,7 @@ def sweep(dtype, reps: int, peak: float, compiled: list[str]) -> list[dict]:
         rows.append(partial_sums_row(dtype, reps, peak))
     except Exception as e:  # noqa: BLE001 - reported like a failed shape
         rows.append({"kernel": "layer_norm.parts", "shape": "partial rows summed", "now": True,
-                     "failed": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:100]})
+                     "failed": failure(e)})
     print(line(rows[-1]), flush=True)
     return rows
 
@@ -199,12 +199,16 @@ def partial_sums_row(dtype, reps: int, peak: float) -> dict:
     parts = torch.randn(2, blocks, 1024, device="cuda")
     row = {"kernel": "layer_norm.parts", "shape": f"sum of {blocks} rows", "now": True,
            "eager_ms": timed(lambda: parts.sum(1).to(dtype), reps, queued=True)}
-    out, ref = sum_parts(parts, dtype).double(), parts.double().sum(1)
-    row["error"] = ((out - ref).norm() / ref.norm()).item()
+    row["error"] = rel_error(sum_parts(parts, dtype), parts.double().sum(1))
     row["ms"] = timed(lambda: sum_parts(parts, dtype), reps, queued=True)
     row["of_peak"] = (parts.numel() * 4 + 2 * 1024 * x.element_size()) / row["ms"] / 1e6 / peak
     row["vs_eager"] = row["eager_ms"] / row["ms"]
     return row
+
+
+def failure(e: Exception) -> str:
+    """A shape's failure as its row says it: the exception's type and first line."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:100]
 
 
 def line(r: dict) -> str:

@@ -45,11 +45,11 @@ class FusedLayerNorm(torch.autograd.Function):
 
 
 PARTS_SUM_THREADS = 1024  # layer_norm_parts_sum's block: 128 partial rows in flight per 8 columns
-PARTS_SUM_COLS = 8  # columns per block (PARTS_COLS in layer_norm.cu)
+PARTS_SUM_COLS = 8  # its columns per block (its COLS): a warp's groups of 8 lanes read a 32-byte sector each
 
 
 def parts_sum_expression(dtype: torch.dtype) -> str:
-    return f"layer_norm_parts_sum<{runtime.CUDA_TYPE[dtype]}>"
+    return runtime.expression("layer_norm_parts_sum", dtype, PARTS_SUM_COLS)
 
 
 def sum_parts(parts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
