@@ -37,20 +37,26 @@ UNCAPPED = 1 << 20  # blocks per multiprocessor: no cap, one grid-stride step (r
 # The bias-GeLU backward's tilings and the LayerNorm forward's shapes the sweep times beside the default
 # (compiled by the nvcc check: kernels.bias_gelu.BACKWARD_TILINGS, runtime.every_instantiation). The
 # forward's uncapped shapes give each warp one row, no grid-stride loop (blocks dealt out as others
-# finish), where the default's single wave leaves 16384 rows to 2640 warps on the H100 (94 registers:
-# 5 blocks of 4 warps per multiprocessor), 6 or 7 rows each: in the last row's time 544 warps work
+# finish), where the default's single wave left 16384 rows to 2640 warps on the H100 (94 registers:
+# 5 blocks of 4 warps per multiprocessor), 6 or 7 rows each: in the last row's time 544 warps work.
+# Its next row now waits as loaded, not as floats (79 registers on sm_90: 6 blocks, 3168 warps); the
+# shapes capped at 5 blocks (the earlier occupancy) and at 72 registers (71, no spill: 7 blocks).
 GELU_BWD = [BACKWARD, Tiling(threads_per_sm=512), Tiling(threads_per_sm=2048), Tiling(rows=2),
             Tiling(threads=256), Tiling(interleaved=False)]
 LN_FWD = [("block", 1, 128, None, {}), ("warp", 4, 128, None, {"stream": True}),
           ("warp", 4, 256, None, {"stream": True}), ("warp", 4, 128, None, {}),
-          ("warp", 4, 128, UNCAPPED, {}), ("warp", 4, 128, UNCAPPED, {"stream": True})]
+          ("warp", 4, 128, UNCAPPED, {}), ("warp", 4, 128, UNCAPPED, {"stream": True}),
+          ("warp", 4, 128, 5, {"stream": True}), ("warp", 4, 128, None, {"stream": True, "max_regs": 72})]
 
 # The LayerNorm backward's shapes beside the default, as (kind, slots, threads, blocks per SM cap,
 # RowLayout's variant fields): fewer threads with more slots, a cap on resident blocks, two rows per
 # iteration, dgamma/dbeta accumulated in shared memory, register caps that buy resident blocks, and
 # a warp per row with its accumulators in shared memory (no block barrier; on sm_90, 104 registers
-# uncapped: 4 blocks of 128 per multiprocessor, 16 rows in flight against the default's 8).
-# Each (warp, slots, rows, shared_acc) is in runtime.BACKWARD_VARIANTS, which the nvcc check compiles.
+# uncapped: 4 blocks of 128 per multiprocessor, 16 rows in flight against the default's 8), and
+# `stream`: the next row's x and dy loaded before this row's two block reductions and held as loaded
+# through them (sm_90: 72 registers, 7 blocks of 128; capped at 64, 8 blocks with 4-8 bytes spilled;
+# a warp per row, 168: 3 blocks of 128, 24 rows in flight).
+# Each (warp, slots, rows, shared_acc, stream) is in runtime.BACKWARD_VARIANTS, which the nvcc check compiles.
 LN_BWD = [("block", 1, 128, None, {}), ("block", 2, 64, None, {}), ("block", 1, 128, 4, {}),
           ("block", 1, 128, None, {"rows": 2}), ("block", 1, 128, None, {"rows": 2, "shared_acc": True}),
           ("block", 1, 128, None, {"shared_acc": True, "max_regs": 48}),
@@ -59,7 +65,10 @@ LN_BWD = [("block", 1, 128, None, {}), ("block", 2, 64, None, {}), ("block", 1, 
           ("block", 2, 64, None, {"rows": 2, "shared_acc": True, "max_regs": 128}),
           ("warp", 4, 128, None, {"shared_acc": True}),
           ("warp", 4, 128, None, {"shared_acc": True, "max_regs": 96}),
-          ("warp", 4, 64, None, {"shared_acc": True, "max_regs": 96})]
+          ("warp", 4, 64, None, {"shared_acc": True, "max_regs": 96}),
+          ("block", 1, 128, None, {"stream": True}), ("block", 1, 128, None, {"stream": True, "max_regs": 64}),
+          ("block", 1, 128, None, {"stream": True, "shared_acc": True, "max_regs": 64}),
+          ("warp", 4, 128, None, {"stream": True, "shared_acc": True})]
 
 
 def shape(file: str, kernel: str, dtype, vec: int, slots: int, warp: bool, threads: int, per_sm: int | None = None,

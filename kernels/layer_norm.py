@@ -20,7 +20,8 @@ class FusedLayerNorm(torch.autograd.Function):
         rstd = torch.empty_like(mean)
         sms = runtime.multiprocessors(x.device)
         runtime.launch(FILE, runtime.expression("layer_norm_fwd", x.dtype, fwd), (fwd.grid(rows, sms),), (fwd.threads,),
-                       (x, weight, bias, y, mean, rstd, runtime.i64(rows), runtime.i32(cols), runtime.f32(eps)))
+                       (x, weight, bias, y, mean, rstd, runtime.i64(rows), runtime.i32(cols), runtime.f32(eps)),
+                       max_regs=fwd.max_regs)
         ctx.save_for_backward(x, weight, mean, rstd)
         ctx.bwd = bwd
         return y

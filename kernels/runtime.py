@@ -139,7 +139,9 @@ class RowLayout:
     (`warp`, several rows per block) or one block of `threads` per row. `per_sm`: blocks resident per
     multiprocessor (from the compiled kernel's registers); launches are one such wave, grid-striding.
     `stream` (the LayerNorm forward): its variant that reads the affine parameters from cache for
-    every row instead of holding them in registers, and keeps the next row's loads in flight.
+    every row instead of holding them in registers, and keeps the next row's loads in flight; (the
+    LayerNorm backward, one row per iteration) its variant that keeps the next row's x and dy loads
+    in flight through this row's reductions.
     `rows` (the LayerNorm backward, block layout): rows per iteration; `shared_acc` (the LayerNorm
     backward): its dgamma/dbeta accumulators in shared memory rather than registers (with `warp`,
     gamma read from cache too). `max_regs`: a register cap for the compiler (0: none), which buys
@@ -225,9 +227,15 @@ def expression(kernel: str, dtype: torch.dtype, layout: RowLayout | int, *more: 
     """The template instantiation for a kernel, as NVRTC and nvcc both spell it: a row layout, or a
     vector width and any further parameters (ints, or bools spelled true/false)."""
     if isinstance(layout, RowLayout):  # the variants' parameters only where set (defaults elsewhere)
-        if layout.stream and (layout.rows > 1 or layout.shared_acc):
-            raise ValueError("a row layout is either streamed (forward) or of several rows / shared accumulators (backward)")
-        more = [True] if layout.stream else [layout.rows, layout.shared_acc] if layout.rows > 1 or layout.shared_acc else []
+        if kernel == "layer_norm_bwd":  # ROWS, SHARED_ACC, PREFETCH
+            if layout.stream and layout.rows > 1:
+                raise ValueError("the LayerNorm backward prefetches one row, not several: stream with rows > 1")
+            more = ([layout.rows, layout.shared_acc, True] if layout.stream else
+                    [layout.rows, layout.shared_acc] if layout.rows > 1 or layout.shared_acc else [])
+        else:  # a forward's STREAM (the LayerNorm's)
+            if layout.rows > 1 or layout.shared_acc:
+                raise ValueError(f"rows and shared_acc are the LayerNorm backward's, not {kernel}'s")
+            more = [True] if layout.stream else []
         return expression(kernel, dtype, layout.vec, layout.slots, layout.warp, *more)
     return f"{kernel}<{', '.join([CUDA_TYPE[dtype], *(str(v).lower() for v in (layout, *more))])}>"
 
@@ -241,11 +249,12 @@ def multiprocessors(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
-# (warp per row, slots, rows, shared accumulators) of the LayerNorm backward variants
-# benchmarks/kernel_sweep.py measures beside the wrappers' choice (compiled by the nvcc check like the
-# layouts the wrappers pick)
-BACKWARD_VARIANTS = ((False, 1, 2, False), (False, 1, 2, True), (False, 1, 1, True), (False, 2, 2, True),
-                     (True, 2, 1, True), (True, 4, 1, True))
+# (warp per row, slots, rows, shared accumulators, next row in flight) of the LayerNorm backward
+# variants benchmarks/kernel_sweep.py measures beside the wrappers' choice (compiled by the nvcc check
+# like the layouts the wrappers pick)
+BACKWARD_VARIANTS = ((False, 1, 2, False, False), (False, 1, 2, True, False), (False, 1, 1, True, False),
+                     (False, 2, 2, True, False), (True, 2, 1, True, False), (True, 4, 1, True, False),
+                     (False, 1, 1, False, True), (False, 1, 1, True, True), (True, 4, 1, True, True))
 
 
 def every_instantiation() -> dict[str, list[str]]:
@@ -270,8 +279,9 @@ def every_instantiation() -> dict[str, list[str]]:
                         out[f"{k}.cu"].append(expression(f"{k}_bwd", dtype, lay))
             out["layer_norm.cu"] += [expression("layer_norm_fwd", dtype, RowLayout(vec, s, True, 128, stream=stream))
                                      for s in (2, 4) for stream in (True, False)]  # warp_slots=4; unstreamed: the sweep's
-            out["layer_norm.cu"] += [expression("layer_norm_bwd", dtype, RowLayout(vec, s, w, 0, rows=r, shared_acc=a))
-                                     for w, s, r, a in BACKWARD_VARIANTS]
+            out["layer_norm.cu"] += [expression("layer_norm_bwd", dtype, RowLayout(vec, s, w, 0, rows=r, shared_acc=a,
+                                                                                   stream=p))
+                                     for w, s, r, a, p in BACKWARD_VARIANTS]
     out["cross_entropy.cu"] += [scale_expression(held, dtype, vec) for held, dtype in SCALE_DTYPES
                                 for vec in sorted({16 // torch.tensor([], dtype=held).element_size(), 1})]
     from kernels.layer_norm import parts_sum_expression

@@ -214,8 +214,14 @@ def test_the_sweeps_variants_are_in_the_nvcc_check():
         == "layer_norm_bwd<bf16, 8, 1, false, 2, true>"
     assert runtime.expression("layer_norm_bwd", torch.bfloat16, runtime.RowLayout(8, 4, True, 128, shared_acc=True)) \
         == "layer_norm_bwd<bf16, 8, 4, true, 1, true>"
-    with pytest.raises(ValueError, match="either streamed"):
+    assert runtime.expression("layer_norm_bwd", torch.bfloat16, runtime.RowLayout(8, 1, False, 128, stream=True)) \
+        == "layer_norm_bwd<bf16, 8, 1, false, 1, false, true>"
+    assert runtime.expression("layer_norm_fwd", torch.bfloat16, runtime.RowLayout(8, 4, True, 128, stream=True)) \
+        == "layer_norm_fwd<bf16, 8, 4, true, true>"
+    with pytest.raises(ValueError, match="rows and shared_acc are the LayerNorm backward's"):
         runtime.expression("layer_norm_fwd", torch.bfloat16, runtime.RowLayout(8, 4, True, 128, stream=True, rows=2))
+    with pytest.raises(ValueError, match="prefetches one row"):
+        runtime.expression("layer_norm_bwd", torch.bfloat16, runtime.RowLayout(8, 1, False, 128, stream=True, rows=2))
 
 
 def test_row_layout_refuses_warp_slots_the_nvcc_check_does_not_list():

@@ -137,10 +137,22 @@ __device__ __forceinline__ void load_row(const T* row, int tid, int row_threads,
   }
 }
 
-template <int VEC, int SLOTS>
-__device__ __forceinline__ void copy_row(const float (&from)[SLOTS][VEC], float (&to)[SLOTS][VEC]) {
+// The same row's vectors as loaded, unconverted (a 16-bit row in half the registers of its floats):
+// for a row whose loads stay in flight while the previous row is worked on.
+template <typename T, int VEC, int SLOTS>
+__device__ __forceinline__ void load_row_raw(const T* row, int tid, int row_threads, int nvec,
+                                             Pack<T, VEC> (&raw)[SLOTS]) {
+#pragma unroll
+  for (int s = 0; s < SLOTS; ++s) {
+    const int v = tid + s * row_threads;
+    if (v < nvec) raw[s] = *reinterpret_cast<const Pack<T, VEC>*>(row + (long long)v * VEC);
+  }
+}
+
+template <typename T, int VEC, int SLOTS>
+__device__ __forceinline__ void unpack_row(const Pack<T, VEC> (&raw)[SLOTS], float (&to)[SLOTS][VEC]) {
 #pragma unroll
   for (int s = 0; s < SLOTS; ++s)
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) to[s][k] = from[s][k];
+    for (int k = 0; k < VEC; ++k) to[s][k] = to_float(raw[s].v[k]);
 }

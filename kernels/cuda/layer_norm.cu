@@ -2,8 +2,10 @@
 // VEC elements per thread. WARP = true: one warp per row (short rows, shuffle-only reductions, several
 // rows per block); WARP = false: one block per row. Forward, STREAM = true: gamma and beta are read
 // from cache for every row instead of held in registers, which leaves room to keep the next row's
-// loads in flight (for a warp holding a long row). Backward computes dx and, in the same pass, this
-// block's partial sums of dgamma and dbeta ([blocks, cols] fp32), which layer_norm_parts_sum adds up.
+// loads in flight (for a warp holding a long row); that row waits as loaded, not as floats (a 16-bit
+// row in half the registers: 79 instead of 94 on sm_90 for 1024 bf16). Backward computes dx and, in
+// the same pass, this block's partial sums of dgamma and dbeta ([blocks, cols] fp32), which
+// layer_norm_parts_sum adds up.
 
 template <bool WARP>
 __device__ __forceinline__ float row_sum(float v, float* scratch) {
@@ -28,13 +30,14 @@ __global__ void layer_norm_fwd(const T* __restrict__ x, const T* __restrict__ ga
   constexpr bool PREFETCH = STREAM || SLOTS * VEC <= 16;  // measured on an H200: 0.036 -> 0.031 ms at 16384 x 1024 bf16
   const long long stride = (long long)gridDim.x * rows_per_block;
   long long row = (long long)blockIdx.x * rows_per_block + (WARP ? (threadIdx.x >> 5) : 0);
-  float a[SLOTS][VEC], next[SLOTS][VEC];
-  if (row < rows) load_row<T, VEC, SLOTS>(x + row * cols, tid, row_threads, nvec, cols, next);
+  float a[SLOTS][VEC];
+  Pack<T, VEC> next[SLOTS];
+  if (row < rows) load_row_raw<T, VEC, SLOTS>(x + row * cols, tid, row_threads, nvec, next);
   for (; row < rows; row += stride) {
-    copy_row<VEC, SLOTS>(next, a);
+    unpack_row<T, VEC, SLOTS>(next, a);
     // the next row's loads are in flight while this row is reduced and written (short rows only:
     // for long rows the second copy of the row would spill registers, so they load after the row)
-    if (PREFETCH && row + stride < rows) load_row<T, VEC, SLOTS>(x + (row + stride) * cols, tid, row_threads, nvec, cols, next);
+    if (PREFETCH && row + stride < rows) load_row_raw<T, VEC, SLOTS>(x + (row + stride) * cols, tid, row_threads, nvec, next);
     float sum = 0.f;
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
@@ -66,7 +69,7 @@ __global__ void layer_norm_fwd(const T* __restrict__ x, const T* __restrict__ ga
       }
     }
     if (tid == 0) { mean_out[row] = mean; rstd_out[row] = rstd; }
-    if (!PREFETCH && row + stride < rows) load_row<T, VEC, SLOTS>(x + (row + stride) * cols, tid, row_threads, nvec, cols, next);
+    if (!PREFETCH && row + stride < rows) load_row_raw<T, VEC, SLOTS>(x + (row + stride) * cols, tid, row_threads, nvec, next);
   }
 }
 
@@ -100,13 +103,16 @@ __device__ __forceinline__ void add_to_shared(float* acc, const float (&part)[SL
 // resident blocks), laid out [warp][slot][element][thread of the row] there: conflict-free, and each
 // thread owns its entries, so they need no barrier. With WARP, it is what makes a warp per row fit a
 // long row: gamma is then read from cache for every row, as the streamed forward does, and the row's
-// x and dy are all a lane holds; no block barrier is left in the row loop.
-template <typename T, int VEC, int SLOTS, bool WARP, int ROWS = 1, bool SHARED_ACC = false>
+// x and dy are all a lane holds; no block barrier is left in the row loop. PREFETCH: the next row's x
+// and dy loads are issued before this row's reductions and stay in flight through them, held as
+// loaded (16-bit rows in half the registers of their floats).
+template <typename T, int VEC, int SLOTS, bool WARP, int ROWS = 1, bool SHARED_ACC = false, bool PREFETCH = false>
 __global__ void layer_norm_bwd(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ gamma,
                                const float* __restrict__ mean_in, const float* __restrict__ rstd_in,
                                T* __restrict__ dx, float* __restrict__ dgamma_part, float* __restrict__ dbeta_part,
                                long long rows, int cols) {
   static_assert(!WARP || ROWS == 1, "ROWS is for the block layout");
+  static_assert(!PREFETCH || ROWS == 1, "PREFETCH holds one next row");
   constexpr int ACC = SHARED_ACC ? 1 : SLOTS;  // register accumulators (unused with SHARED_ACC)
   constexpr bool GAMMA_CACHED = WARP && SHARED_ACC;
   __shared__ float scratch[66 * ROWS];
@@ -131,19 +137,36 @@ __global__ void layer_norm_bwd(const T* __restrict__ dy, const T* __restrict__ x
     for (int k = 0; k < VEC; ++k) acc(s, k, false) = acc(s, k, true) = 0.f;
   }
   const float inv_cols = 1.f / cols;
-  // (a variant holding the next row's x and dy in flight, gamma read from cache, measured slower on
-  // the H100: 0.41 of peak bandwidth against 0.47, its extra registers cost more resident blocks)
+  // (an earlier prefetching variant held the next row as floats, with gamma read from cache: 0.41 of
+  // peak bandwidth on the H100 against 0.47, its extra registers cost resident blocks)
   const long long stride = (long long)gridDim.x * rows_per_block * ROWS;
-  for (long long first = ((long long)blockIdx.x * rows_per_block + (WARP ? (threadIdx.x >> 5) : 0)) * ROWS;
-       first < rows; first += stride) {
+  long long first = ((long long)blockIdx.x * rows_per_block + (WARP ? (threadIdx.x >> 5) : 0)) * ROWS;
+  Pack<T, VEC> next_x[SLOTS], next_dy[SLOTS];  // PREFETCH: the next row as loaded (unused otherwise)
+  float next_mean = 0.f, next_rstd = 0.f;
+  auto prefetch = [&](long long row) {
+    next_mean = mean_in[row];
+    next_rstd = rstd_in[row];
+    load_row_raw<T, VEC, SLOTS>(x + row * cols, tid, row_threads, nvec, next_x);
+    load_row_raw<T, VEC, SLOTS>(dy + row * cols, tid, row_threads, nvec, next_dy);
+  };
+  if (PREFETCH && first < rows) prefetch(first);
+  for (; first < rows; first += stride) {
     float mean[ROWS], rstd[ROWS], xh[ROWS][SLOTS][VEC], d[ROWS][SLOTS][VEC], sums[2 * ROWS];
+    if constexpr (PREFETCH) {
+      mean[0] = next_mean;
+      rstd[0] = next_rstd;
+      unpack_row<T, VEC, SLOTS>(next_x, xh[0]);
+      unpack_row<T, VEC, SLOTS>(next_dy, d[0]);
+      if (first + stride < rows) prefetch(first + stride);
+    } else {
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      if (first + r < rows) {  // a row past the end is neither read nor written
-        mean[r] = mean_in[first + r];
-        rstd[r] = rstd_in[first + r];
-        load_row<T, VEC, SLOTS>(x + (first + r) * cols, tid, row_threads, nvec, cols, xh[r]);
-        load_row<T, VEC, SLOTS>(dy + (first + r) * cols, tid, row_threads, nvec, cols, d[r]);
+      for (int r = 0; r < ROWS; ++r) {
+        if (first + r < rows) {  // a row past the end is neither read nor written
+          mean[r] = mean_in[first + r];
+          rstd[r] = rstd_in[first + r];
+          load_row<T, VEC, SLOTS>(x + (first + r) * cols, tid, row_threads, nvec, cols, xh[r]);
+          load_row<T, VEC, SLOTS>(dy + (first + r) * cols, tid, row_threads, nvec, cols, d[r]);
+        }
       }
     }
 #pragma unroll
