@@ -14,17 +14,23 @@ export DS_ACCELERATOR ?= cpu
 # a loaded 2-core machine needs more than Prefect's default 20 s to start its temporary server
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
 
-.PHONY: install run test repro ui docs deploy worker bench gpu-check clean
+.PHONY: install lock run test repro ui docs deploy worker bench gpu-check clean
 
-$(STAMP): pyproject.toml
+## constraints.txt pins every package to the versions the suite passed with (`make lock` rewrites it)
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
 	# DeepSpeed JIT-builds its shared-memory comm op on first use (~2 minutes): once, here, not in a test
 	$(PY) -c "from deepspeed.accelerator import get_accelerator as a; b = a().create_op_builder('ShareMemCommBuilder'); b and b.load()"
 	touch $(STAMP)
 
 install: $(STAMP)
+
+## Resolve pyproject.toml's dependencies afresh, as a clean install would today, into constraints.txt
+## (after changing a dependency; then `make install` and `make test` before committing it).
+lock: install
+	exec $(PY) .ci/lock.py
 
 ## Run the whole pipeline DAG on the built-in sample through Prefect (temporary local server).
 ## `exec`, here and below: the command is make's own child, so `kill <make's pid>` (which make passes

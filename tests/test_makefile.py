@@ -24,7 +24,8 @@ def test_make_targets_run_from_a_path_with_spaces(tmp_path, target, ran):
     root = tmp_path / "My Projects" / "mt nlg"
     (root / ".venv" / "bin").mkdir(parents=True)
     shutil.copy(REPO / "Makefile", root / "Makefile")
-    shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")
+    for name in ("pyproject.toml", "constraints.txt"):  # what the install stamp depends on
+        shutil.copy(REPO / name, root / name)
     for name in ("python", "dvc"):  # stand-ins that say how they were started
         (root / ".venv" / "bin" / name).write_text(FAKE)
         (root / ".venv" / "bin" / name).chmod(0o755)

@@ -1,0 +1,57 @@
+"""Write constraints.txt: the exact versions a clean install of this project resolves to today.
+
+    python .ci/lock.py [--out constraints.txt]      (what `make lock` runs)
+
+pip resolves pyproject.toml's dependencies and its test extra afresh (a dry run: nothing is installed,
+and the current pins are not applied), and every package it would install is written as name==version.
+`make install` installs with them as pip constraints (they pin; they install nothing), so a clean clone
+gets the environment the suite passed in, and an upstream release changes nothing until the lock is
+rewritten: fastapi 0.151, SQLAlchemy 2.1 and prefect 3.9 each broke a clean install here once. torch
+is written without its local label (+cpu): the machine's CPU wheel and PyPI's CUDA build both match."""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from packaging.utils import canonicalize_name
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECT = "mtnlg-repro"
+HEADER = """\
+# Written by `make lock` (.ci/lock.py): every package a clean `pip install -e '.[test]'` resolved to,
+# which `make install` takes as pip constraints. Change a dependency in pyproject.toml, then `make lock`.
+"""
+
+
+def pins(report: dict) -> list[str]:
+    """name==version for each package of a `pip install --report`, this project left out."""
+    versions = {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"].split("+")[0]
+                for i in report["install"]}
+    return [f"{name}=={versions[name]}" for name in sorted(versions) if name != PROJECT]
+
+
+def resolve(root: Path = ROOT) -> dict:
+    """pip's installation report for the project with its test extra, as a clean install would resolve it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--dry-run", "--ignore-installed",
+                        "--report", str(report), "-e", f"{root}[test]"], check=True)
+        return json.loads(report.read_text())
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=ROOT / "constraints.txt")
+    args = ap.parse_args(argv)
+    lines = pins(resolve())
+    args.out.write_text(HEADER + "\n".join(lines) + "\n")
+    print(f"{args.out}: {len(lines)} packages")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
