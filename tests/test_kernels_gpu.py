@@ -71,12 +71,14 @@ def test_layer_norm(dtype, rows, cols):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("warp,slots,rows_per_step,shared_acc,prefetch", runtime.BACKWARD_VARIANTS)
-@pytest.mark.parametrize("rows,cols", [(37, 1024), (33, 1001), (300, 512)])
+@pytest.mark.parametrize("rows,cols", [(1037, 1024), (33, 1001), (300, 512)])
 def test_layer_norm_backward_variants(dtype, warp, slots, rows_per_step, shared_acc, prefetch, rows, cols):
     """The backward variants the sweep times (several rows per iteration, shared-memory accumulators,
     a warp per row, a register cap, the next row in flight), at an odd row count (a last iteration with
-    a row past the end, a warp of a block with no row) and odd widths. The prefetching variant does the
-    same arithmetic in the same order as its layout without: the same bytes."""
+    a row past the end, a warp of a block with no row) and odd widths, one block per multiprocessor so
+    that blocks and warps take several rows each (the rows a prefetching variant loaded in an earlier
+    iteration). The prefetching variant does the same arithmetic in the same order as its layout
+    without: the same bytes."""
     import dataclasses
     from kernels.layer_norm import FusedLayerNorm, layouts
     x = torch.randn(rows, cols, device="cuda", dtype=dtype) * 3 + 1
@@ -90,6 +92,7 @@ def test_layer_norm_backward_variants(dtype, warp, slots, rows_per_step, shared_
     lay = runtime.resident("layer_norm.cu", "layer_norm_bwd", dtype, dataclasses.replace(
         default, slots=slots, warp=warp, threads=threads, rows=rows_per_step, shared_acc=shared_acc, stream=prefetch,
         max_regs=96 if warp else 64))
+    lay = dataclasses.replace(lay, per_sm=1)
     y, (dx, dw, db) = grads(lambda *a: FusedLayerNorm.apply(*a, 1e-5, fwd, lay), [x, w, b], dy)
     ry, (rdx, rdw, rdb) = grads(lambda *a: reference.layer_norm(*a, eps=1e-5), as64([x, w, b]), dy.double())
     for name, out, ref in [("dx", dx, rdx), ("dgamma", dw, rdw), ("dbeta", db, rdb)]:

@@ -137,22 +137,37 @@ __device__ __forceinline__ void load_row(const T* row, int tid, int row_threads,
   }
 }
 
-// The same row's vectors as loaded, unconverted (a 16-bit row in half the registers of its floats):
-// for a row whose loads stay in flight while the previous row is worked on.
-template <typename T, int VEC, int SLOTS>
-__device__ __forceinline__ void load_row_raw(const T* row, int tid, int row_threads, int nvec,
-                                             Pack<T, VEC> (&raw)[SLOTS]) {
+// A row loaded ahead of its use, held until taken: as loaded where RAW (16-bit vectors, in half the
+// registers of their floats, for a row whose loads stay in flight while the previous row is worked
+// on), as floats otherwise (fp32, or single 16-bit elements: a register each either way, and a row
+// loaded after the previous one, where holding it as loaded cost fp16 registers). Slots past the
+// row's end hold nothing and must not be read.
+template <typename T, int VEC, int SLOTS, bool RAW>
+struct NextRow {
+  Pack<T, VEC> raw[RAW ? SLOTS : 1];
+  float f[RAW ? 1 : SLOTS][VEC];
+  __device__ __forceinline__ void load(const T* row, int tid, int row_threads, int nvec, int cols) {
+    if constexpr (RAW) {
 #pragma unroll
-  for (int s = 0; s < SLOTS; ++s) {
-    const int v = tid + s * row_threads;
-    if (v < nvec) raw[s] = *reinterpret_cast<const Pack<T, VEC>*>(row + (long long)v * VEC);
+      for (int s = 0; s < SLOTS; ++s) {
+        const int v = tid + s * row_threads;
+        if (v < nvec) raw[s] = *reinterpret_cast<const Pack<T, VEC>*>(row + (long long)v * VEC);
+      }
+    } else {
+      load_row<T, VEC, SLOTS>(row, tid, row_threads, nvec, cols, f);
+    }
   }
-}
+  __device__ __forceinline__ void take(float (&to)[SLOTS][VEC]) const {
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s)
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        if constexpr (RAW) to[s][k] = to_float(raw[s].v[k]);
+        else to[s][k] = f[s][k];
+      }
+  }
+};
 
-template <typename T, int VEC, int SLOTS>
-__device__ __forceinline__ void unpack_row(const Pack<T, VEC> (&raw)[SLOTS], float (&to)[SLOTS][VEC]) {
-#pragma unroll
-  for (int s = 0; s < SLOTS; ++s)
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) to[s][k] = to_float(raw[s].v[k]);
-}
+// Whether a row of T in vectors of VEC is held as loaded when it is loaded ahead (NextRow's RAW).
+template <typename T, int VEC>
+__host__ __device__ constexpr bool held_raw() { return sizeof(T) < 4 && VEC > 1; }

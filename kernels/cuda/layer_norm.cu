@@ -2,8 +2,8 @@
 // VEC elements per thread. WARP = true: one warp per row (short rows, shuffle-only reductions, several
 // rows per block); WARP = false: one block per row. Forward, STREAM = true: gamma and beta are read
 // from cache for every row instead of held in registers, which leaves room to keep the next row's
-// loads in flight (for a warp holding a long row); that row waits as loaded, not as floats (a 16-bit
-// row in half the registers: 79 instead of 94 on sm_90 for 1024 bf16). Backward computes dx and, in
+// loads in flight (for a warp holding a long row); a 16-bit row loaded ahead waits as loaded, not as
+// floats (NextRow: 79 registers instead of 94 on sm_90 for 1024 bf16). Backward computes dx and, in
 // the same pass, this block's partial sums of dgamma and dbeta ([blocks, cols] fp32), which
 // layer_norm_parts_sum adds up.
 
@@ -31,13 +31,13 @@ __global__ void layer_norm_fwd(const T* __restrict__ x, const T* __restrict__ ga
   const long long stride = (long long)gridDim.x * rows_per_block;
   long long row = (long long)blockIdx.x * rows_per_block + (WARP ? (threadIdx.x >> 5) : 0);
   float a[SLOTS][VEC];
-  Pack<T, VEC> next[SLOTS];
-  if (row < rows) load_row_raw<T, VEC, SLOTS>(x + row * cols, tid, row_threads, nvec, next);
+  NextRow<T, VEC, SLOTS, PREFETCH && held_raw<T, VEC>()> next;
+  if (row < rows) next.load(x + row * cols, tid, row_threads, nvec, cols);
   for (; row < rows; row += stride) {
-    unpack_row<T, VEC, SLOTS>(next, a);
+    next.take(a);
     // the next row's loads are in flight while this row is reduced and written (short rows only:
     // for long rows the second copy of the row would spill registers, so they load after the row)
-    if (PREFETCH && row + stride < rows) load_row_raw<T, VEC, SLOTS>(x + (row + stride) * cols, tid, row_threads, nvec, next);
+    if (PREFETCH && row + stride < rows) next.load(x + (row + stride) * cols, tid, row_threads, nvec, cols);
     float sum = 0.f;
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
@@ -69,7 +69,7 @@ __global__ void layer_norm_fwd(const T* __restrict__ x, const T* __restrict__ ga
       }
     }
     if (tid == 0) { mean_out[row] = mean; rstd_out[row] = rstd; }
-    if (!PREFETCH && row + stride < rows) load_row_raw<T, VEC, SLOTS>(x + (row + stride) * cols, tid, row_threads, nvec, next);
+    if (!PREFETCH && row + stride < rows) next.load(x + (row + stride) * cols, tid, row_threads, nvec, cols);
   }
 }
 
@@ -104,8 +104,8 @@ __device__ __forceinline__ void add_to_shared(float* acc, const float (&part)[SL
 // thread owns its entries, so they need no barrier. With WARP, it is what makes a warp per row fit a
 // long row: gamma is then read from cache for every row, as the streamed forward does, and the row's
 // x and dy are all a lane holds; no block barrier is left in the row loop. PREFETCH: the next row's x
-// and dy loads are issued before this row's reductions and stay in flight through them, held as
-// loaded (16-bit rows in half the registers of their floats).
+// and dy loads are issued before this row's reductions and stay in flight through them (NextRow:
+// 16-bit vectors held as loaded, in half the registers of their floats).
 template <typename T, int VEC, int SLOTS, bool WARP, int ROWS = 1, bool SHARED_ACC = false, bool PREFETCH = false>
 __global__ void layer_norm_bwd(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ gamma,
                                const float* __restrict__ mean_in, const float* __restrict__ rstd_in,
@@ -141,13 +141,13 @@ __global__ void layer_norm_bwd(const T* __restrict__ dy, const T* __restrict__ x
   // peak bandwidth on the H100 against 0.47, its extra registers cost resident blocks)
   const long long stride = (long long)gridDim.x * rows_per_block * ROWS;
   long long first = ((long long)blockIdx.x * rows_per_block + (WARP ? (threadIdx.x >> 5) : 0)) * ROWS;
-  Pack<T, VEC> next_x[SLOTS], next_dy[SLOTS];  // PREFETCH: the next row as loaded (unused otherwise)
+  NextRow<T, VEC, SLOTS, held_raw<T, VEC>()> next_x, next_dy;  // PREFETCH: the next row (unused otherwise)
   float next_mean = 0.f, next_rstd = 0.f;
   auto prefetch = [&](long long row) {
     next_mean = mean_in[row];
     next_rstd = rstd_in[row];
-    load_row_raw<T, VEC, SLOTS>(x + row * cols, tid, row_threads, nvec, next_x);
-    load_row_raw<T, VEC, SLOTS>(dy + row * cols, tid, row_threads, nvec, next_dy);
+    next_x.load(x + row * cols, tid, row_threads, nvec, cols);
+    next_dy.load(dy + row * cols, tid, row_threads, nvec, cols);
   };
   if (PREFETCH && first < rows) prefetch(first);
   for (; first < rows; first += stride) {
@@ -155,8 +155,8 @@ __global__ void layer_norm_bwd(const T* __restrict__ dy, const T* __restrict__ x
     if constexpr (PREFETCH) {
       mean[0] = next_mean;
       rstd[0] = next_rstd;
-      unpack_row<T, VEC, SLOTS>(next_x, xh[0]);
-      unpack_row<T, VEC, SLOTS>(next_dy, d[0]);
+      next_x.take(xh[0]);
+      next_dy.take(d[0]);
       if (first + stride < rows) prefetch(first + stride);
     } else {
 #pragma unroll
