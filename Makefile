@@ -28,9 +28,10 @@ $(STAMP): pyproject.toml constraints.txt
 install: $(STAMP)
 
 ## Resolve pyproject.toml's dependencies afresh, as a clean install would today, into constraints.txt
-## (after changing a dependency; then `make install` and `make test` before committing it).
-lock: install
-	exec $(PY) .ci/lock.py
+## (after changing a dependency; then `make install` and `make test` before committing it). It needs no
+## .venv: the current pins may be what refuses the change.
+lock:
+	exec $(PYTHON) .ci/lock.py
 
 ## Run the whole pipeline DAG on the built-in sample through Prefect (temporary local server).
 ## `exec`, here and below: the command is make's own child, so `kill <make's pid>` (which make passes

@@ -1,9 +1,12 @@
 """Write constraints.txt: the exact versions a clean install of this project resolves to today.
 
-    python .ci/lock.py [--out constraints.txt]      (what `make lock` runs)
+    python3 .ci/lock.py [--out constraints.txt]      (what `make lock` runs)
 
 pip resolves pyproject.toml's dependencies and its test extra afresh (a dry run: nothing is installed,
 and the current pins are not applied), and every package it would install is written as name==version.
+It runs in a temporary venv with the newest pip, as `make install` does (pip 23 left out a package that
+pip 26 installs: lxml's html_clean extra), not in .venv: after a change that the current pins refuse,
+.venv cannot be installed until the lock is rewritten.
 `make install` installs with them as pip constraints (they pin; they install nothing), so a clean clone
 gets the environment the suite passed in, and an upstream release changes nothing until the lock is
 rewritten: fastapi 0.151, SQLAlchemy 2.1 and prefect 3.9 each broke a clean install here once. torch
@@ -12,12 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import tempfile
+import venv
 from pathlib import Path
-
-from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = "mtnlg-repro"
@@ -27,9 +30,14 @@ HEADER = """\
 """
 
 
+def canonical(name: str) -> str:
+    """A distribution's name as pip compares names (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def pins(report: dict) -> list[str]:
     """name==version for each package of a `pip install --report`, this project left out."""
-    versions = {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"].split("+")[0]
+    versions = {canonical(i["metadata"]["name"]): i["metadata"]["version"].split("+")[0]
                 for i in report["install"]}
     return [f"{name}=={versions[name]}" for name in sorted(versions) if name != PROJECT]
 
@@ -37,8 +45,10 @@ def pins(report: dict) -> list[str]:
 def resolve(root: Path = ROOT) -> dict:
     """pip's installation report for the project with its test extra, as a clean install would resolve it."""
     with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "report.json"
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--dry-run", "--ignore-installed",
+        venv.create(Path(tmp) / "venv", with_pip=True)
+        py, report = str(Path(tmp) / "venv" / "bin" / "python"), Path(tmp) / "report.json"
+        subprocess.run([py, "-m", "pip", "install", "-q", "--upgrade", "pip"], check=True)
+        subprocess.run([py, "-m", "pip", "install", "-q", "--dry-run", "--ignore-installed",
                         "--report", str(report), "-e", f"{root}[test]"], check=True)
         return json.loads(report.read_text())
 

@@ -43,6 +43,7 @@ def test_every_requirement_of_pyproject_is_pinned_within_its_range():
 
 
 def test_pins_come_from_pips_report_by_canonical_name_without_local_labels_or_the_project():
+    assert lock_module().canonical("Zope.Interface__x") == canonicalize_name("Zope.Interface__x")
     report = {"install": [  # the fields of `pip install --report` that the lock reads
         {"metadata": {"name": "mtnlg-repro", "version": "0.1.0"}},
         {"metadata": {"name": "SQLAlchemy", "version": "2.0.58"}},
