@@ -6,9 +6,9 @@ At the sizes of `benchmarks.kernels` (the ~350M model at 8 x 2048 tokens, bf16),
 under several launch shapes: row layouts (a warp or a block per row, vectors per thread, block size,
 blocks per multiprocessor, LayerNorm's streamed forward, its backward's rows per iteration, shared
 memory accumulators and register caps) for LayerNorm and the causal softmax; rows in flight, row
-chunks and their order for the bias + GeLU backward; and the LayerNorm backward's partial-sum kernel
-alone, against torch's sum and cast. Each shape is first checked against the float64 reference
-(relative error of the output and of every gradient; bf16 passes at <= 1e-2), then timed as
+chunks and their order for the bias + GeLU backward; and the partial-sum kernel both backwards end
+with, alone at each one's shape, against torch's sum and cast. Each shape is first checked against the
+float64 reference (relative error of the output and of every gradient; bf16 passes at <= 1e-2), then timed as
 `benchmarks.kernels` times (median of CUDA-event-timed repeats with the launches queued behind a GPU
 spin), with torch eager timed in the same run. The row marked `now` is the wrappers' current
 default. A shape that fails to compile or launch is reported, not fatal.
@@ -189,28 +189,35 @@ def sweep(dtype, reps: int, peak: float, compiled: list[str]) -> list[dict]:
             rows.append(row)
             print(line(row), flush=True)
         torch.cuda.empty_cache()
-    try:
-        rows.append(partial_sums_row(dtype, reps, peak))
-    except Exception as e:  # noqa: BLE001 - reported like a failed shape
-        rows.append({"kernel": "layer_norm.parts", "shape": "partial rows summed", "now": True,
-                     "failed": failure(e)})
-    print(line(rows[-1]), flush=True)
+    for name in ("layer_norm", "bias_gelu"):
+        try:
+            rows.append(partial_sums_row(name, dtype, reps, peak))
+        except Exception as e:  # noqa: BLE001 - reported like a failed shape
+            rows.append({"kernel": f"{name}.parts", "shape": "partial rows summed", "now": True, "failed": failure(e)})
+        print(line(rows[-1]), flush=True)
     return rows
 
 
-def partial_sums_row(dtype, reps: int, peak: float) -> dict:
-    """The LayerNorm backward's last step alone: its [2, blocks, 1024] fp32 partial dgamma/dbeta rows
-    (blocks as the default layout launches) summed by layer_norm_parts_sum, against torch's sum + cast."""
-    from kernels.layer_norm import sum_parts
-    x, w, b = torch.empty(8 * 2048, 1024, device="cuda", dtype=dtype), *(torch.empty(1024, device="cuda", dtype=dtype)
-                                                                         for _ in range(2))
-    blocks = layer_norm_layouts(x, w, b)[1].grid(x.shape[0], runtime.multiprocessors(x.device))
-    parts = torch.randn(2, blocks, 1024, device="cuda")
-    row = {"kernel": "layer_norm.parts", "shape": f"sum of {blocks} rows", "now": True,
+def partial_sums_row(name: str, dtype, reps: int, peak: float) -> dict:
+    """A backward's last step alone: its fp32 partial sums ([2, blocks, 1024] of the LayerNorm's
+    default layout, [1, row chunks, 4096] of the bias-GeLU's default tiling) added up by
+    kernels/partial_sums.py, against torch's sum + cast."""
+    from kernels.partial_sums import sum_partials
+    n, h = 8 * 2048, 1024
+    if name == "layer_norm":
+        x, w, b = torch.empty(n, h, device="cuda", dtype=dtype), *(torch.empty(h, device="cuda", dtype=dtype)
+                                                                     for _ in range(2))
+        shape = (2, layer_norm_layouts(x, w, b)[1].grid(n, runtime.multiprocessors(x.device)), h)
+    else:
+        vec = 16 // torch.tensor([], dtype=dtype).element_size()
+        shape = (1, BACKWARD.geometry(n, 4 * h, vec, runtime.multiprocessors(torch.device("cuda")))[2], 4 * h)
+    parts = torch.randn(*shape, device="cuda")
+    row = {"kernel": f"{name}.parts", "shape": f"{shape[0]} x sum of {shape[1]} rows", "now": True,
            "eager_ms": timed(lambda: parts.sum(1).to(dtype), reps, queued=True)}
-    row["error"] = rel_error(sum_parts(parts, dtype), parts.double().sum(1))
-    row["ms"] = timed(lambda: sum_parts(parts, dtype), reps, queued=True)
-    row["of_peak"] = (parts.numel() * 4 + 2 * 1024 * x.element_size()) / row["ms"] / 1e6 / peak
+    row["error"] = rel_error(sum_partials(parts, dtype), parts.double().sum(1))
+    row["ms"] = timed(lambda: sum_partials(parts, dtype), reps, queued=True)
+    row["of_peak"] = (parts.numel() * 4 + shape[0] * shape[2] * parts.new_empty((), dtype=dtype).element_size()
+                      ) / row["ms"] / 1e6 / peak
     row["vs_eager"] = row["eager_ms"] / row["ms"]
     return row
 

@@ -1,10 +1,11 @@
 """Fused LayerNorm with fp32 statistics: each row is read once into registers; backward computes dx
-and the partial dgamma/dbeta sums in the same pass (PyTorch's eager backward reads x and dy twice)."""
+and the partial dgamma/dbeta sums in the same pass (PyTorch's eager backward reads x and dy twice),
+which kernels/partial_sums.py adds up."""
 from __future__ import annotations
 
 import torch
 
-from kernels import reference, runtime
+from kernels import partial_sums, reference, runtime
 
 FILE = "layer_norm.cu"
 
@@ -41,27 +42,8 @@ class FusedLayerNorm(torch.autograd.Function):
         runtime.launch(FILE, runtime.expression("layer_norm_bwd", x.dtype, lay), (blocks,), (lay.threads,),
                        (dy, x, weight, mean, rstd, dx, parts[0], parts[1], runtime.i64(rows), runtime.i32(cols)), shared_mem=shared,
                        max_regs=lay.max_regs)
-        sums = sum_parts(parts, weight.dtype)
+        sums = partial_sums.sum_partials(parts, weight.dtype)
         return dx, sums[0].view_as(weight), sums[1].view_as(weight), None, None, None
-
-
-PARTS_SUM_THREADS = 1024  # layer_norm_parts_sum's block: 128 partial rows in flight per 8 columns
-PARTS_SUM_COLS = 8  # its columns per block (its COLS): a warp's groups of 8 lanes read a 32-byte sector each
-
-
-def parts_sum_expression(dtype: torch.dtype) -> str:
-    return runtime.expression("layer_norm_parts_sum", dtype, PARTS_SUM_COLS)
-
-
-def sum_parts(parts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """[2, cols] of `dtype`: the backward's [2, blocks, cols] fp32 partial dgamma/dbeta rows added up
-    in a fixed order, one kernel (torch's sum then cast took two; ~15 of the backward's 72 us on the H100)."""
-    assert parts.dtype == torch.float32 and parts.is_contiguous() and parts.shape[0] == 2
-    _, blocks, cols = parts.shape
-    out = torch.empty(2, cols, dtype=dtype, device=parts.device)
-    runtime.launch(FILE, parts_sum_expression(dtype), (-(-cols // PARTS_SUM_COLS), 2), (PARTS_SUM_THREADS,),
-                   (parts, out, runtime.i32(blocks), runtime.i32(cols)))
-    return out
 
 
 def layouts(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor):

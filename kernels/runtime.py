@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 SOURCE_DIR = Path(__file__).parent / "cuda"
-SOURCES = ("bias_gelu.cu", "layer_norm.cu", "causal_softmax.cu", "cross_entropy.cu", "minhash.cu")
+SOURCES = ("bias_gelu.cu", "layer_norm.cu", "partial_sums.cu", "causal_softmax.cu", "cross_entropy.cu", "minhash.cu")
 CUDA_TYPE = {torch.float32: "float", torch.bfloat16: "bf16", torch.float16: "fp16"}
 NVRTC_OPTIONS = ("-std=c++17",)
 
@@ -284,7 +284,7 @@ def every_instantiation() -> dict[str, list[str]]:
                                      for w, s, r, a, p in BACKWARD_VARIANTS]
     out["cross_entropy.cu"] += [scale_expression(held, dtype, vec) for held, dtype in SCALE_DTYPES
                                 for vec in sorted({16 // torch.tensor([], dtype=held).element_size(), 1})]
-    from kernels.layer_norm import parts_sum_expression
-    out["layer_norm.cu"] += [parts_sum_expression(dtype) for dtype in CUDA_TYPE]
+    from kernels import partial_sums
+    out["partial_sums.cu"] = [partial_sums.expression(dtype) for dtype in CUDA_TYPE]
     out["minhash.cu"] = ["minhash_signatures"]  # dedup's signatures (tasks/dedup/gpu.py): integers only
     return out

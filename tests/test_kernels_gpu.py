@@ -105,16 +105,18 @@ def test_layer_norm_backward_variants(dtype, warp, slots, rows_per_step, shared_
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("parts,cols", [(1, 1024), (7, 33), (1023, 1000), (1056, 1024), (2049, 96)])
-def test_layer_norm_partial_sums(dtype, parts, cols):
-    """The backward's partial dgamma/dbeta rows added up: partial counts below, just under and past a
-    block's rows in flight (128 streams x 8 loads), and a width that leaves a block's lanes without a column."""
-    from kernels.layer_norm import sum_parts
-    p = torch.randn(2, parts, cols, device="cuda", dtype=torch.float32)
-    out = sum_parts(p, dtype)
-    assert out.shape == (2, cols) and out.dtype == dtype
-    close(out, p.double().sum(1), dtype, f"layer_norm partial sums {parts} x {cols}")
-    assert torch.equal(sum_parts(p, dtype), out)
+@pytest.mark.parametrize("sums,parts,cols", [(2, 1, 1024), (2, 7, 33), (2, 1023, 1000), (2, 1056, 1024),
+                                             (2, 2049, 96), (1, 264, 4096), (1, 5, 4100)])
+def test_partial_sums(dtype, sums, parts, cols):
+    """A backward's partial gradient rows added up (the LayerNorm's dgamma and dbeta, the bias-GeLU's
+    dbias): partial counts below, just under and past a block's rows in flight (128 streams x 8 loads),
+    and widths that leave a block's lanes without a column."""
+    from kernels.partial_sums import sum_partials
+    p = torch.randn(sums, parts, cols, device="cuda", dtype=torch.float32)
+    out = sum_partials(p, dtype)
+    assert out.shape == (sums, cols) and out.dtype == dtype
+    close(out, p.double().sum(1), dtype, f"partial sums {sums} x {parts} x {cols}")
+    assert torch.equal(sum_partials(p, dtype), out)
 
 
 @pytest.mark.parametrize("rows,cols", [(2048, 256), (4096, 1024)])

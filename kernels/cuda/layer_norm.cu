@@ -5,7 +5,7 @@
 // loads in flight (for a warp holding a long row); a 16-bit row loaded ahead waits as loaded, not as
 // floats (NextRow: 79 registers instead of 94 on sm_90 for 1024 bf16). Backward computes dx and, in
 // the same pass, this block's partial sums of dgamma and dbeta ([blocks, cols] fp32), which
-// layer_norm_parts_sum adds up.
+// partial_sums.cu adds up.
 
 template <bool WARP>
 __device__ __forceinline__ float row_sum(float v, float* scratch) {
@@ -268,48 +268,5 @@ __global__ void layer_norm_bwd(const T* __restrict__ dy, const T* __restrict__ x
         store_floats<VEC>(dbeta_part + blockIdx.x * (long long)cols + v * VEC, pb);
       }
     }
-  }
-}
-
-// The backward's partial rows ([2, parts, cols] fp32: dgamma's, then dbeta's) summed into [2, cols] of
-// the weight's type, in one launch where torch's sum and cast were two kernels. A block takes
-// COLS columns of one of the two sums (blockIdx.y); a warp's lanes are 32 / COLS groups, each
-// reading COLS floats of a partial row (8: a 32-byte sector), so a block of 1024 threads streams 128
-// partial rows at a time, PARTS_ILP loads in flight per thread (256 blocks for 2 x 1024 columns). Every sum is taken in a
-// fixed order (groups and warps by shuffles and shared memory, no atomics): the same bytes every run.
-constexpr int PARTS_ILP = 8;
-
-template <typename T, int COLS>
-__global__ void __launch_bounds__(1024) layer_norm_parts_sum(const float* __restrict__ parts, T* __restrict__ out,
-                                                             int n_parts, int cols) {
-  constexpr int GROUPS = 32 / COLS;
-  __shared__ float warp_sums[32][COLS];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  const int streams = warps * GROUPS, stream = warp * GROUPS + lane / COLS;
-  const int c = blockIdx.x * COLS + lane % COLS;
-  const float* p = parts + (long long)blockIdx.y * n_parts * cols + c;
-  float total = 0.f;
-  if (c < cols) {
-    float acc[PARTS_ILP] = {};
-    int r = stream;
-    for (; r + (PARTS_ILP - 1) * streams < n_parts; r += PARTS_ILP * streams) {
-#pragma unroll
-      for (int i = 0; i < PARTS_ILP; ++i) acc[i] += p[(long long)(r + i * streams) * cols];
-    }
-    for (; r < n_parts; r += streams) acc[0] += p[(long long)r * cols];  // fewer than PARTS_ILP rows left
-#pragma unroll
-    for (int i = 0; i < PARTS_ILP; ++i) total += acc[i];
-  }
-  // the warp's groups into its first COLS lanes (lanes a multiple of COLS apart hold the same column)
-#pragma unroll
-  for (int d = 16; d >= COLS; d >>= 1) total += __shfl_down_sync(0xffffffffu, total, d);
-  if (lane < COLS) warp_sums[warp][lane] = total;
-  __syncthreads();
-  if (warp == 0) {  // lane: column lane % COLS of every GROUPS-th warp from lane / COLS, then folded
-    float sum = 0.f;
-    for (int w = lane / COLS; w < warps; w += GROUPS) sum += warp_sums[w][lane % COLS];
-#pragma unroll
-    for (int d = 16; d >= COLS; d >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, d);
-    if (lane < COLS && c < cols) out[(long long)blockIdx.y * cols + c] = from_float<T>(sum);
   }
 }
