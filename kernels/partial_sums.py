@@ -8,12 +8,19 @@ import torch
 from kernels import runtime
 
 FILE = "partial_sums.cu"
-THREADS = 1024  # a block: 128 partial rows in flight per COLS columns
 COLS = 8  # columns per block (the kernel's COLS): a warp's groups of 8 lanes read a 32-byte sector each
+ILP = 8  # loads in flight per thread (the kernel's ILP)
 
 
 def expression(dtype: torch.dtype) -> str:
-    return runtime.expression("partial_sums", dtype, COLS)
+    return runtime.expression("partial_sums", dtype, COLS, ILP)
+
+
+def threads(parts: int) -> int:
+    """A block's threads: enough warps for about ILP loads per thread, up to 1024 (128 partial rows at
+    a time). The LayerNorm's ~1056 parts take 1024; the bias-GeLU's 264, 288 (9 warps), so its 512
+    blocks fit one wave instead of two of 1024-thread blocks, each thread with 2 loads."""
+    return 32 * min(32, max(1, -(-parts // (32 // COLS * ILP))))
 
 
 def sum_partials(parts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -21,6 +28,6 @@ def sum_partials(parts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     assert parts.dtype == torch.float32 and parts.is_contiguous() and parts.dim() == 3
     sums, n, cols = parts.shape
     out = torch.empty(sums, cols, dtype=dtype, device=parts.device)
-    runtime.launch(FILE, expression(dtype), (-(-cols // COLS), sums), (THREADS,),
+    runtime.launch(FILE, expression(dtype), (-(-cols // COLS), sums), (threads(n),),
                    (parts, out, runtime.i32(n), runtime.i32(cols)))
     return out

@@ -249,3 +249,13 @@ def test_the_backwards_long_warp_layouts_are_in_the_nvcc_check(monkeypatch):
                 assert runtime.expression("layer_norm_bwd", dtype, lay) in listed, lay
     finally:
         runtime.row_layout.cache_clear()
+
+
+def test_the_partial_sum_kernel_takes_warps_for_about_ilp_loads_a_thread():
+    """The LayerNorm's ~1056 partial rows keep 1024-thread blocks; the bias-GeLU's 264 take 9 warps (its
+    512 blocks then fit one wave on the H100); a block never has less than a warp or more than 1024."""
+    from kernels import partial_sums, runtime
+    per_warp = 32 // partial_sums.COLS * partial_sums.ILP  # partial rows a warp has in flight
+    assert [partial_sums.threads(n) for n in (1, per_warp, per_warp + 1, 264, 1056, 10 ** 6)] == \
+        [32, 32, 64, 288, 1024, 1024]
+    assert partial_sums.expression(torch.bfloat16) in runtime.every_instantiation()["partial_sums.cu"]

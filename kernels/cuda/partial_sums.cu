@@ -2,12 +2,11 @@
 // block; the bias-GeLU's dbias, a row per row chunk) added up into [sums, cols] of the parameter's
 // type, in one launch where torch's sum and cast were two kernels. A block takes COLS columns of one
 // sum (blockIdx.y); a warp's lanes are 32 / COLS groups, each reading COLS floats of a partial row
-// (8: a 32-byte sector), so a block of 1024 threads streams 128 partial rows at a time, PARTS_ILP
-// loads in flight per thread (256 blocks for 2 x 1024 columns). Every sum is taken in a fixed order
-// (groups and warps by shuffles and shared memory, no atomics): the same bytes every run.
-constexpr int PARTS_ILP = 8;
-
-template <typename T, int COLS>
+// (8: a 32-byte sector), so a block of 1024 threads streams 128 partial rows at a time, ILP loads in
+// flight per thread (256 blocks for 2 x 1024 columns); fewer parts, fewer warps (kernels/partial_sums.py).
+// Every sum is taken in a fixed order (groups and warps by shuffles and shared memory, no atomics):
+// the same bytes every run.
+template <typename T, int COLS, int ILP>
 __global__ void __launch_bounds__(1024) partial_sums(const float* __restrict__ parts, T* __restrict__ out, int n_parts,
                                                      int cols) {
   constexpr int GROUPS = 32 / COLS;
@@ -18,15 +17,15 @@ __global__ void __launch_bounds__(1024) partial_sums(const float* __restrict__ p
   const float* p = parts + (long long)blockIdx.y * n_parts * cols + c;
   float total = 0.f;
   if (c < cols) {
-    float acc[PARTS_ILP] = {};
+    float acc[ILP] = {};
     int r = stream;
-    for (; r + (PARTS_ILP - 1) * streams < n_parts; r += PARTS_ILP * streams) {
+    for (; r + (ILP - 1) * streams < n_parts; r += ILP * streams) {
 #pragma unroll
-      for (int i = 0; i < PARTS_ILP; ++i) acc[i] += p[(long long)(r + i * streams) * cols];
+      for (int i = 0; i < ILP; ++i) acc[i] += p[(long long)(r + i * streams) * cols];
     }
-    for (; r < n_parts; r += streams) acc[0] += p[(long long)r * cols];  // fewer than PARTS_ILP rows left
+    for (; r < n_parts; r += streams) acc[0] += p[(long long)r * cols];  // fewer than ILP rows left
 #pragma unroll
-    for (int i = 0; i < PARTS_ILP; ++i) total += acc[i];
+    for (int i = 0; i < ILP; ++i) total += acc[i];
   }
   // the warp's groups into its first COLS lanes (lanes a multiple of COLS apart hold the same column)
 #pragma unroll
