@@ -83,7 +83,7 @@ worker: install
 BENCH_STAMP := $(VENV)/.bench-installed-stamp
 BENCHES ?=
 $(BENCH_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[bench]'
 	touch $(BENCH_STAMP)
 
 bench: install $(BENCH_STAMP)
