@@ -216,7 +216,7 @@ def partial_sums_row(name: str, dtype, reps: int, peak: float) -> dict:
            "eager_ms": timed(lambda: parts.sum(1).to(dtype), reps, queued=True)}
     row["error"] = rel_error(sum_partials(parts, dtype), parts.double().sum(1))
     row["ms"] = timed(lambda: sum_partials(parts, dtype), reps, queued=True)
-    row["of_peak"] = (parts.numel() * 4 + shape[0] * shape[2] * parts.new_empty((), dtype=dtype).element_size()
+    row["of_peak"] = (parts.numel() * 4 + shape[0] * shape[2] * torch.empty((), dtype=dtype).element_size()
                       ) / row["ms"] / 1e6 / peak
     row["vs_eager"] = row["eager_ms"] / row["ms"]
     return row

@@ -19,13 +19,14 @@ def expression(dtype: torch.dtype) -> str:
 def threads(parts: int) -> int:
     """A block's threads: enough warps for about ILP loads per thread, up to 1024 (128 partial rows at
     a time). The LayerNorm's ~1056 parts take 1024; the bias-GeLU's 264, 288 (9 warps), so its 512
-    blocks fit one wave instead of two of 1024-thread blocks, each thread with 2 loads."""
+    blocks fit one wave instead of two of 1024-thread blocks, each thread with 2 or 3 loads."""
     return 32 * min(32, max(1, -(-parts // (32 // COLS * ILP))))
 
 
 def sum_partials(parts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """[sums, cols] of `dtype`: [sums, parts, cols] fp32 added up over the parts, each in a fixed order."""
     assert parts.dtype == torch.float32 and parts.is_contiguous() and parts.dim() == 3
+    assert threads(parts.shape[1]) % 32 == 0, "the kernel folds whole warps"
     sums, n, cols = parts.shape
     out = torch.empty(sums, cols, dtype=dtype, device=parts.device)
     runtime.launch(FILE, expression(dtype), (-(-cols // COLS), sums), (threads(n),),

@@ -23,7 +23,10 @@ __global__ void __launch_bounds__(1024) partial_sums(const float* __restrict__ p
 #pragma unroll
       for (int i = 0; i < ILP; ++i) acc[i] += p[(long long)(r + i * streams) * cols];
     }
-    for (; r < n_parts; r += streams) acc[0] += p[(long long)r * cols];  // fewer than ILP rows left
+#pragma unroll
+    for (int i = 0; i < ILP; ++i) {  // the fewer than ILP rows left, their loads in flight together
+      if (r + i * streams < n_parts) acc[i] += p[(long long)(r + i * streams) * cols];
+    }
 #pragma unroll
     for (int i = 0; i < ILP; ++i) total += acc[i];
   }
