@@ -40,13 +40,15 @@ UNCAPPED = 1 << 20  # blocks per multiprocessor: no cap, one grid-stride step (r
 # finish), where the default's single wave left 16384 rows to 2640 warps on the H100 (94 registers:
 # 5 blocks of 4 warps per multiprocessor), 6 or 7 rows each: in the last row's time 544 warps work.
 # Its next row now waits as loaded, not as floats (79 registers on sm_90: 6 blocks, 3168 warps); the
-# shapes capped at 5 blocks (the earlier occupancy) and at 72 registers (71, no spill: 7 blocks).
+# shapes capped at 5 blocks (the earlier occupancy) and at 72 registers (71, no spill: 7 blocks), and
+# the rows balanced over the rounds (RowLayout.balance: 683 blocks of 6 rows a warp, no sixth round of 544).
 GELU_BWD = [BACKWARD, Tiling(threads_per_sm=512), Tiling(threads_per_sm=2048), Tiling(rows=2),
             Tiling(threads=256), Tiling(interleaved=False)]
 LN_FWD = [("block", 1, 128, None, {}), ("warp", 4, 128, None, {"stream": True}),
           ("warp", 4, 256, None, {"stream": True}), ("warp", 4, 128, None, {}),
           ("warp", 4, 128, UNCAPPED, {}), ("warp", 4, 128, UNCAPPED, {"stream": True}),
-          ("warp", 4, 128, 5, {"stream": True}), ("warp", 4, 128, None, {"stream": True, "max_regs": 72})]
+          ("warp", 4, 128, 5, {"stream": True}), ("warp", 4, 128, None, {"stream": True, "max_regs": 72}),
+          ("warp", 4, 128, None, {"stream": True, "balance": True})]
 
 # The LayerNorm backward's shapes beside the default, as (kind, slots, threads, blocks per SM cap,
 # RowLayout's variant fields): fewer threads with more slots, a cap on resident blocks, two rows per
@@ -55,7 +57,8 @@ LN_FWD = [("block", 1, 128, None, {}), ("warp", 4, 128, None, {"stream": True}),
 # uncapped: 4 blocks of 128 per multiprocessor, 16 rows in flight against the default's 8), and
 # `stream`: the next row's x and dy loaded before this row's two block reductions and held as loaded
 # through them (sm_90: 72 registers, 7 blocks of 128; capped at 64, 8 blocks with 4-8 bytes spilled;
-# a warp per row, 168: 3 blocks of 128, 12 rows worked on and 12 more loading).
+# a warp per row, 168: 3 blocks of 128, 12 rows worked on and 12 more loading); and the rows balanced
+# over the blocks (1024 blocks of 16 rows, not 1056 of 15 or 16).
 # Each (warp, slots, rows, shared_acc, stream) is in runtime.BACKWARD_VARIANTS, which the nvcc check compiles.
 LN_BWD = [("block", 1, 128, None, {}), ("block", 2, 64, None, {}), ("block", 1, 128, 4, {}),
           ("block", 1, 128, None, {"rows": 2}), ("block", 1, 128, None, {"rows": 2, "shared_acc": True}),
@@ -68,7 +71,8 @@ LN_BWD = [("block", 1, 128, None, {}), ("block", 2, 64, None, {}), ("block", 1, 
           ("warp", 4, 64, None, {"shared_acc": True, "max_regs": 96}),
           ("block", 1, 128, None, {"stream": True}), ("block", 1, 128, None, {"stream": True, "max_regs": 64}),
           ("block", 1, 128, None, {"stream": True, "shared_acc": True, "max_regs": 64}),
-          ("warp", 4, 128, None, {"stream": True, "shared_acc": True})]
+          ("warp", 4, 128, None, {"stream": True, "shared_acc": True}),
+          ("block", 1, 128, None, {"balance": True}), ("block", 1, 128, None, {"stream": True, "balance": True})]
 
 
 def shape(file: str, kernel: str, dtype, vec: int, slots: int, warp: bool, threads: int, per_sm: int | None = None,
@@ -90,7 +94,7 @@ def describe(lay) -> str:
     per = "uncapped" if lay.per_sm == UNCAPPED else f"{lay.per_sm}/SM"
     return f"{'warp' if lay.warp else 'block'} s{lay.slots} t{lay.threads} {per}" + (" stream" if lay.stream else "") + (
         f" r{lay.rows}" if lay.rows > 1 else "") + (" smem-acc" if lay.shared_acc else "") + (
-        f" regs{lay.max_regs}" if lay.max_regs else "")
+        f" regs{lay.max_regs}" if lay.max_regs else "") + (" balanced" if lay.balance else "")
 
 
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -259,3 +259,23 @@ def test_the_partial_sum_kernel_takes_warps_for_about_ilp_loads_a_thread():
     assert [partial_sums.threads(n) for n in (1, per_warp, per_warp + 1, 264, 1056, 10 ** 6)] == \
         [32, 32, 64, 288, 1024, 1024]
     assert partial_sums.expression(torch.bfloat16) in runtime.every_instantiation()["partial_sums.cu"]
+
+
+def test_a_balanced_grid_gives_every_block_the_same_rows_or_one_less():
+    """RowLayout.balance (a sweep variant): 16384 rows of a warp each for 132 multiprocessors x 6 blocks
+    of 4 warps (3168 warps) take 683 blocks of 6 rows a warp, not 792 blocks with a sixth round of 544
+    warps; within one wave nothing changes."""
+    import dataclasses
+
+    from kernels import runtime
+    lay = runtime.RowLayout(8, 4, True, 128, per_sm=6, stream=True)
+    even = dataclasses.replace(lay, balance=True)
+    assert (lay.grid(16384, 132), even.grid(16384, 132)) == (792, 683)
+    assert even.grid(100, 132) == lay.grid(100, 132) == 25 and even.grid(4 * 792, 132) == 792
+    for rows in (16384, 16385, 50000, 131072):
+        blocks = even.grid(rows, 132)
+        groups = -(-rows // 4)  # rows a block's warps take at a time
+        per_block = [len(range(b, groups, blocks)) for b in range(blocks)]
+        assert max(per_block) - min(per_block) <= 1 and max(per_block) == -(-groups // (132 * 6)), rows
+    assert runtime.expression("layer_norm_fwd", torch.bfloat16, even) == runtime.expression(
+        "layer_norm_fwd", torch.bfloat16, lay)  # the launch's grid, not the kernel
