@@ -43,7 +43,7 @@ UNCAPPED = 1 << 20  # blocks per multiprocessor: no cap, one grid-stride step (r
 # shapes capped at 5 blocks (the earlier occupancy) and at 72 registers (71, no spill: 7 blocks), and
 # the rows balanced over the rounds (RowLayout.balance: 683 blocks of 6 rows a warp, no sixth round of 544).
 GELU_BWD = [BACKWARD, Tiling(threads_per_sm=512), Tiling(threads_per_sm=2048), Tiling(rows=2),
-            Tiling(threads=256), Tiling(interleaved=False)]
+            Tiling(threads=256), Tiling(interleaved=False), Tiling(prefetch=True)]
 LN_FWD = [("block", 1, 128, None, {}), ("warp", 4, 128, None, {"stream": True}),
           ("warp", 4, 256, None, {"stream": True}), ("warp", 4, 128, None, {}),
           ("warp", 4, 128, UNCAPPED, {}), ("warp", 4, 128, UNCAPPED, {"stream": True}),
@@ -90,7 +90,7 @@ def shape(file: str, kernel: str, dtype, vec: int, slots: int, warp: bool, threa
 def describe(lay) -> str:
     if isinstance(lay, Tiling):
         return "rows {rows} t{threads} {threads_per_sm}/SM".format(**dataclasses.asdict(lay)) + (
-            " interleaved" if lay.interleaved else "")
+            " interleaved" if lay.interleaved else "") + (" prefetch" if lay.prefetch else "")
     per = "uncapped" if lay.per_sm == UNCAPPED else f"{lay.per_sm}/SM"
     return f"{'warp' if lay.warp else 'block'} s{lay.slots} t{lay.threads} {per}" + (" stream" if lay.stream else "") + (
         f" r{lay.rows}" if lay.rows > 1 else "") + (" smem-acc" if lay.shared_acc else "") + (

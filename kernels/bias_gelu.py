@@ -16,11 +16,22 @@ class Tiling:
     """The backward's launch: blocks of up to `threads` over the columns (one thread per vector of
     columns) and enough row chunks for about `threads_per_sm` threads per multiprocessor; each thread
     walks its chunk's rows (contiguous, or every chunks-th row when `interleaved`) with `rows` rows'
-    loads in flight, and each chunk writes one partial dbias row."""
+    loads in flight (`prefetch`, one row: the next row's loads issued before this row's work), and each
+    chunk writes one partial dbias row."""
     rows: int = 1
     threads: int = 512
     threads_per_sm: int = 1024
     interleaved: bool = True
+    prefetch: bool = False
+
+    def __post_init__(self):
+        if self.prefetch and self.rows != 1:
+            raise ValueError(f"a prefetching tiling holds one next row, not {self.rows}")
+
+    def expression(self, dtype: torch.dtype, vec: int) -> str:
+        """The backward's template instantiation for this tiling."""
+        return runtime.expression("bias_gelu_bwd", dtype, vec, self.rows, self.interleaved,
+                                  *([True] if self.prefetch else []))
 
     def geometry(self, rows: int, cols: int, vec: int, multiprocessors: int) -> tuple[int, int, int]:
         """(threads, column blocks, row chunks)."""
@@ -35,8 +46,8 @@ class Tiling:
 # 2 rows in flight, 1024 threads per multiprocessor, contiguous chunks 0.62; 1 row 0.82; 1 row with
 # interleaved chunks 0.84 (more rows in flight left fewer threads resident)
 BACKWARD = Tiling()  # the defaults above
-# (rows, interleaved) of every backward tiling the nvcc check compiles: the default's and the sweep's others
-BACKWARD_TILINGS = ((1, True), (2, True), (1, False))
+# every backward tiling whose kernel the nvcc check compiles (threads aside): the default's and the sweep's others
+BACKWARD_TILINGS = (Tiling(), Tiling(rows=2), Tiling(interleaved=False), Tiling(prefetch=True))
 
 
 def _forward(x: torch.Tensor, bias: torch.Tensor, y: torch.Tensor) -> None:
@@ -69,7 +80,7 @@ class FusedBiasGelu(torch.autograd.Function):
         vec = runtime.vector_width(cols, x, bias, dy, dx)
         threads, col_blocks, chunks = ctx.bwd.geometry(rows, cols, vec, runtime.multiprocessors(x.device))
         partial = torch.empty(chunks, cols, dtype=torch.float32, device=x.device)
-        runtime.launch(FILE, runtime.expression("bias_gelu_bwd", x.dtype, vec, ctx.bwd.rows, ctx.bwd.interleaved), (col_blocks, chunks),
+        runtime.launch(FILE, ctx.bwd.expression(x.dtype, vec), (col_blocks, chunks),
                        (threads,), (dy, x, bias, dx, partial, runtime.i64(rows), runtime.i32(cols)))
         dbias = partial_sums.sum_partials(partial[None], bias.dtype).view_as(bias)
         # one gradient per input given to apply(): the tiling is optional

@@ -273,8 +273,7 @@ def every_instantiation() -> dict[str, list[str]]:
         full = 16 // torch.tensor([], dtype=dtype).element_size()
         for vec in sorted({full, 1}):
             out.setdefault("bias_gelu.cu", []).append(expression("bias_gelu_fwd", dtype, vec))
-            out["bias_gelu.cu"] += [expression("bias_gelu_bwd", dtype, vec, rows, interleaved)
-                                    for rows, interleaved in BACKWARD_TILINGS]
+            out["bias_gelu.cu"] += [t.expression(dtype, vec) for t in BACKWARD_TILINGS]
             out.setdefault("cross_entropy.cu", []).extend(
                 expression(k, dtype, vec) for k in ("xent_stats", "xent_grad"))
             layouts = [RowLayout(vec, 1, True, 256)] + [RowLayout(vec, s, False, 0) for s in (1, 2, 4, 8)]

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import kernels
 from kernels import reference, runtime
-from kernels.bias_gelu import FusedBiasGelu
+from kernels.bias_gelu import BACKWARD, BACKWARD_TILINGS, FusedBiasGelu
 from kernels.cross_entropy import FusedLinearCrossEntropy
 
 pytestmark = pytest.mark.skipif(not kernels.fused_available(), reason="needs a CUDA GPU and CuPy")
@@ -52,6 +52,26 @@ def test_bias_gelu(dtype, shape):
     close(y, ry, dtype, "bias_gelu y")
     close(dx, rdx, dtype, "bias_gelu dx")
     close(db, rdb, dtype, "bias_gelu dbias")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tiling", BACKWARD_TILINGS, ids=lambda t: f"rows{t.rows}-{'interleaved' if t.interleaved else 'contiguous'}"
+                                                                  + ("-prefetch" if t.prefetch else ""))
+@pytest.mark.parametrize("rows,cols", [(1037, 4096), (300, 1000), (33, 1001)])
+def test_bias_gelu_backward_tilings(dtype, tiling, rows, cols):
+    """Every backward tiling the sweep times, at row counts that leave chunks uneven and widths that
+    leave vectors or a block's threads idle; prefetching is the same arithmetic in the same order as the
+    default tiling (the same chunks): the same bytes."""
+    x = torch.randn(rows, cols, device="cuda", dtype=dtype)
+    b = torch.randn(cols, device="cuda", dtype=dtype)
+    dy = torch.randn_like(x)
+    _, (dx, db) = grads(lambda *a: FusedBiasGelu.apply(*a, tiling), [x, b], dy)
+    _, (rdx, rdb) = grads(reference.bias_gelu, as64([x, b]), dy.double())
+    close(dx, rdx, dtype, f"bias_gelu dx ({tiling})")
+    close(db, rdb, dtype, f"bias_gelu dbias ({tiling})")
+    if tiling.prefetch:
+        _, same = grads(lambda *a: FusedBiasGelu.apply(*a, BACKWARD), [x, b], dy)
+        assert torch.equal(dx, same[0]) and torch.equal(db, same[1]), f"prefetching changed the bytes ({tiling})"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
