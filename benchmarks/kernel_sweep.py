@@ -58,7 +58,7 @@ LN_FWD = [("block", 1, 128, None, {}), ("warp", 4, 128, None, {"stream": True}),
 # `stream`: the next row's x and dy loaded before this row's two block reductions and held as loaded
 # through them (sm_90: 72 registers, 7 blocks of 128; capped at 64, 8 blocks with 4-8 bytes spilled;
 # a warp per row, 168: 3 blocks of 128, 12 rows worked on and 12 more loading); and the rows balanced
-# over the blocks (1024 blocks of 16 rows, not 1056 of 15 or 16).
+# over the blocks (1024 blocks of 16 rows, not 1056 of 15 or 16; streamed, 911 of 17 or 18).
 # Each (warp, slots, rows, shared_acc, stream) is in runtime.BACKWARD_VARIANTS, which the nvcc check compiles.
 LN_BWD = [("block", 1, 128, None, {}), ("block", 2, 64, None, {}), ("block", 1, 128, 4, {}),
           ("block", 1, 128, None, {"rows": 2}), ("block", 1, 128, None, {"rows": 2, "shared_acc": True}),

@@ -210,6 +210,9 @@ def test_the_sweeps_variants_are_in_the_nvcc_check():
                 assert runtime.expression(kernel, dtype, lay) in listed["layer_norm.cu"], (kernel, lay)
         for t in GELU_BWD:
             assert t.expression(dtype, vec) in listed["bias_gelu.cu"], t
+    from kernels.bias_gelu import Tiling
+    assert Tiling(prefetch=True).expression(torch.bfloat16, 8) == "bias_gelu_bwd<bf16, 8, 1, true, true>"
+    assert Tiling().expression(torch.bfloat16, 8) == "bias_gelu_bwd<bf16, 8, 1, true>"
     assert runtime.expression("layer_norm_bwd", torch.bfloat16, runtime.RowLayout(8, 1, False, 128, rows=2, shared_acc=True)) \
         == "layer_norm_bwd<bf16, 8, 1, false, 2, true>"
     assert runtime.expression("layer_norm_bwd", torch.bfloat16, runtime.RowLayout(8, 4, True, 128, shared_acc=True)) \
@@ -277,5 +280,3 @@ def test_a_balanced_grid_gives_every_block_the_same_rows_or_one_less():
         groups = -(-rows // 4)  # rows a block's warps take at a time
         per_block = [len(range(b, groups, blocks)) for b in range(blocks)]
         assert max(per_block) - min(per_block) <= 1 and max(per_block) == -(-groups // (132 * 6)), rows
-    assert runtime.expression("layer_norm_fwd", torch.bfloat16, even) == runtime.expression(
-        "layer_norm_fwd", torch.bfloat16, lay)  # the launch's grid, not the kernel

@@ -146,7 +146,7 @@ template <typename T, int VEC, int SLOTS, bool RAW>
 struct NextRow {
   Pack<T, VEC> raw[RAW ? SLOTS : 1];
   float f[RAW ? 1 : SLOTS][VEC];
-  __device__ __forceinline__ void load(const T* row, int tid, int row_threads, int nvec, int cols) {
+  __device__ __forceinline__ void load(const T* row, int tid, int row_threads, int nvec, int last_col) {
     if constexpr (RAW) {
 #pragma unroll
       for (int s = 0; s < SLOTS; ++s) {
@@ -154,7 +154,7 @@ struct NextRow {
         if (v < nvec) raw[s] = *reinterpret_cast<const Pack<T, VEC>*>(row + (long long)v * VEC);
       }
     } else {
-      load_row<T, VEC, SLOTS>(row, tid, row_threads, nvec, cols, f);
+      load_row<T, VEC, SLOTS>(row, tid, row_threads, nvec, last_col, f);
     }
   }
   __device__ __forceinline__ void take(float (&to)[SLOTS][VEC]) const {
