@@ -47,7 +47,7 @@ class Tiling:
 # interleaved chunks 0.84 (more rows in flight left fewer threads resident)
 BACKWARD = Tiling()  # the defaults above
 # every backward tiling whose kernel the nvcc check compiles (threads aside): the default's and the sweep's others
-BACKWARD_TILINGS = (Tiling(), Tiling(rows=2), Tiling(interleaved=False), Tiling(prefetch=True))
+BACKWARD_TILINGS = (BACKWARD, Tiling(rows=2), Tiling(interleaved=False), Tiling(prefetch=True))
 
 
 def _forward(x: torch.Tensor, bias: torch.Tensor, y: torch.Tensor) -> None:

@@ -56,19 +56,17 @@ __global__ void bias_gelu_bwd(const T* __restrict__ dy, const T* __restrict__ x,
   for (int k = 0; k < VEC; ++k) acc[k] = 0.f;
   static_assert(!PREFETCH || ROWS == 1, "PREFETCH holds one next row");
   NextRow<T, VEC, 1, held_raw<T, VEC>()> next_dy, next_x;  // PREFETCH: the next row (unused otherwise)
-  if (PREFETCH && r0 < r1) {
-    next_dy.load(dy + r0 * cols + c, 0, 1, 1, VEC);
-    next_x.load(x + r0 * cols + c, 0, 1, 1, VEC);
-  }
+  auto prefetch = [&](long long row) {  // this thread's VEC columns of the row
+    next_dy.load(dy + row * cols + c, 0, 1, 1, VEC);
+    next_x.load(x + row * cols + c, 0, 1, 1, VEC);
+  };
+  if (PREFETCH && r0 < r1) prefetch(r0);
   for (long long r = r0; r < r1; r += ROWS * step) {
     float g[ROWS][VEC], a[ROWS][VEC];
     if constexpr (PREFETCH) {
       next_dy.take(g);
       next_x.take(a);
-      if (r + step < r1) {
-        next_dy.load(dy + (r + step) * cols + c, 0, 1, 1, VEC);
-        next_x.load(x + (r + step) * cols + c, 0, 1, 1, VEC);
-      }
+      if (r + step < r1) prefetch(r + step);
     } else {
 #pragma unroll
       for (int j = 0; j < ROWS; ++j) {
