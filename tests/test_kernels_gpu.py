@@ -1,9 +1,6 @@
-"""The fused CuPy kernels against their torch references on a GPU (skipped without one).
-
-Error measures: fp32, max |fused - ref| / max(1, max |ref|) <= 1e-5 against a float64 reference;
-bf16/fp16, ||fused - ref|| / ||ref|| <= 1e-2 against the float64 reference of the same rounded inputs.
-Every check draws fresh random inputs; outputs come from torch.empty, so an element a kernel failed to
-write shows up as garbage or NaN."""
+"""The fused CuPy kernels against their torch references on a GPU (skipped without one); the checks
+shared with tests/test_kernels_emulated.py (the same CUDA code, emulated on the CPU) are in
+tests/kernel_checks.py, with its error measures."""
 from __future__ import annotations
 
 import pytest
@@ -12,33 +9,12 @@ import torch.nn.functional as F
 
 import kernels
 from kernels import reference, runtime
-from kernels.bias_gelu import BACKWARD, BACKWARD_TILINGS, FusedBiasGelu
+from kernels.bias_gelu import BACKWARD_TILINGS, FusedBiasGelu
 from kernels.cross_entropy import FusedLinearCrossEntropy
+from tests import kernel_checks as check
+from tests.kernel_checks import DTYPES, as64, close, grads
 
 pytestmark = pytest.mark.skipif(not kernels.fused_available(), reason="needs a CUDA GPU and CuPy")
-DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-
-
-def close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str, fp32_tol: float = 1e-5) -> None:
-    out, ref = out.double(), ref.double()
-    assert torch.isfinite(out).all(), f"{what}: non-finite values"
-    if dtype == torch.float32:
-        err = ((out - ref).abs().max() / ref.abs().max().clamp(min=1)).item()
-        assert err <= fp32_tol, f"{what}: fp32 max error {err:.2e}"
-    else:
-        err = ((out - ref).norm() / ref.norm().clamp(min=1e-12)).item()
-        assert err <= 1e-2, f"{what}: {dtype} relative error {err:.2e}"
-
-
-def grads(fn, inputs, dy):
-    leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
-    y = fn(*leaves)
-    y.backward(dy)
-    return y.detach(), [t.grad for t in leaves]
-
-
-def as64(ts):
-    return [t.detach().double() for t in ts]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -55,37 +31,19 @@ def test_bias_gelu(dtype, shape):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("tiling", BACKWARD_TILINGS, ids=lambda t: f"rows{t.rows}-{'interleaved' if t.interleaved else 'contiguous'}"
-                                                                  + ("-prefetch" if t.prefetch else ""))
+@pytest.mark.parametrize("tiling", BACKWARD_TILINGS, ids=check.tiling_id)
 @pytest.mark.parametrize("rows,cols", [(1037, 4096), (300, 1000), (33, 1001)])
 def test_bias_gelu_backward_tilings(dtype, tiling, rows, cols):
     """Every backward tiling the sweep times, at row counts that leave chunks uneven and widths that
-    leave vectors or a block's threads idle; prefetching is the same arithmetic in the same order as the
-    default tiling (the same chunks): the same bytes."""
-    x = torch.randn(rows, cols, device="cuda", dtype=dtype)
-    b = torch.randn(cols, device="cuda", dtype=dtype)
-    dy = torch.randn_like(x)
-    _, (dx, db) = grads(lambda *a: FusedBiasGelu.apply(*a, tiling), [x, b], dy)
-    _, (rdx, rdb) = grads(reference.bias_gelu, as64([x, b]), dy.double())
-    close(dx, rdx, dtype, f"bias_gelu dx ({tiling})")
-    close(db, rdb, dtype, f"bias_gelu dbias ({tiling})")
-    if tiling.prefetch:
-        _, same = grads(lambda *a: FusedBiasGelu.apply(*a, BACKWARD), [x, b], dy)
-        assert torch.equal(dx, same[0]) and torch.equal(db, same[1]), f"prefetching changed the bytes ({tiling})"
+    leave vectors or a block's threads idle."""
+    check.bias_gelu_tiling("cuda", dtype, tiling, rows, cols)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows,cols", [(4096, 1024), (37, 4096), (64, 1000), (33, 1001), (16, 20480), (8, 96),
                                        (300, 512), (5, 264), (64, 101)])
 def test_layer_norm(dtype, rows, cols):
-    x = torch.randn(rows, cols, device="cuda", dtype=dtype) * 3 + 1
-    w = torch.randn(cols, device="cuda", dtype=dtype)
-    b = torch.randn(cols, device="cuda", dtype=dtype)
-    dy = torch.randn_like(x)
-    y, (dx, dw, db) = grads(lambda *a: kernels.layer_norm(*a, eps=1e-5), [x, w, b], dy)
-    ry, (rdx, rdw, rdb) = grads(lambda *a: reference.layer_norm(*a, eps=1e-5), as64([x, w, b]), dy.double())
-    for name, out, ref in [("y", y, ry), ("dx", dx, rdx), ("dgamma", dw, rdw), ("dbeta", db, rdb)]:
-        close(out, ref, dtype, f"layer_norm {name}")
+    check.layer_norm("cuda", dtype, rows, cols)
     assert runtime._function.cache_info().currsize > 0, "the fused path must have launched"
 
 
@@ -95,33 +53,8 @@ def test_layer_norm(dtype, rows, cols):
 def test_layer_norm_backward_variants(dtype, warp, slots, rows_per_step, shared_acc, prefetch, rows, cols):
     """The backward variants the sweep times (several rows per iteration, shared-memory accumulators,
     a warp per row, a register cap, the next row in flight), at an odd row count (a last iteration with
-    a row past the end, a warp of a block with no row) and odd widths, one block per multiprocessor so
-    that blocks and warps take several rows each (the rows a prefetching variant loaded in an earlier
-    iteration). The prefetching variant does the same arithmetic in the same order as its layout
-    without: the same bytes."""
-    import dataclasses
-    from kernels.layer_norm import FusedLayerNorm, layouts
-    x = torch.randn(rows, cols, device="cuda", dtype=dtype) * 3 + 1
-    w, b = (torch.randn(cols, device="cuda", dtype=dtype) for _ in range(2))
-    dy = torch.randn_like(x)
-    fwd, default = layouts(x, w, b)
-    nvec = cols // default.vec
-    if warp and nvec > 32 * slots:
-        pytest.skip(f"a row of {nvec} vectors does not fit a warp of {slots} slots")
-    threads = 128 if warp else runtime.block_threads(nvec, slots)
-    lay = runtime.resident("layer_norm.cu", "layer_norm_bwd", dtype, dataclasses.replace(
-        default, slots=slots, warp=warp, threads=threads, rows=rows_per_step, shared_acc=shared_acc, stream=prefetch,
-        max_regs=96 if warp else 64))
-    lay = dataclasses.replace(lay, per_sm=1)
-    y, (dx, dw, db) = grads(lambda *a: FusedLayerNorm.apply(*a, 1e-5, fwd, lay), [x, w, b], dy)
-    ry, (rdx, rdw, rdb) = grads(lambda *a: reference.layer_norm(*a, eps=1e-5), as64([x, w, b]), dy.double())
-    for name, out, ref in [("dx", dx, rdx), ("dgamma", dw, rdw), ("dbeta", db, rdb)]:
-        close(out, ref, dtype, f"layer_norm {name} ({lay})")
-    if prefetch:  # the same grid (per_sm) as the layout without, so the same rows per block
-        plain = dataclasses.replace(lay, stream=False)
-        _, same = grads(lambda *a: FusedLayerNorm.apply(*a, 1e-5, fwd, plain), [x, w, b], dy)
-        for name, out, ref in zip(("dx", "dgamma", "dbeta"), (dx, dw, db), same):
-            assert torch.equal(out, ref), f"layer_norm {name}: prefetching changed the bytes ({lay})"
+    a row past the end, a warp of a block with no row) and odd widths."""
+    check.layer_norm_backward_variant("cuda", dtype, warp, slots, rows_per_step, shared_acc, prefetch, rows, cols)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -131,12 +64,7 @@ def test_partial_sums(dtype, sums, parts, cols):
     """A backward's partial gradient rows added up (the LayerNorm's dgamma and dbeta, the bias-GeLU's
     dbias): partial counts below, just under and past a block's rows in flight (128 streams x 8 loads),
     and widths that leave a block's lanes without a column."""
-    from kernels.partial_sums import sum_partials
-    p = torch.randn(sums, parts, cols, device="cuda", dtype=torch.float32)
-    out = sum_partials(p, dtype)
-    assert out.shape == (sums, cols) and out.dtype == dtype
-    close(out, p.double().sum(1), dtype, f"partial sums {sums} x {parts} x {cols}")
-    assert torch.equal(sum_partials(p, dtype), out)
+    check.partial_sums("cuda", dtype, sums, parts, cols)
 
 
 @pytest.mark.parametrize("rows,cols", [(2048, 256), (4096, 1024)])
@@ -154,39 +82,14 @@ def test_layer_norm_gradients_are_the_same_bytes_every_run(rows, cols):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(2, 4, 128, 128), (3, 257, 257), (1, 2, 2048, 2048), (1, 1, 4096, 4096), (2, 5, 5)])
 def test_causal_softmax(dtype, shape):
-    x = torch.randn(shape, device="cuda", dtype=dtype) * 4
-    dy = torch.randn_like(x)
-    scale = 0.125
-    y, (dx,) = grads(lambda t: kernels.scaled_causal_softmax(t, scale), [x], dy)
-    ry, (rdx,) = grads(lambda t: reference.scaled_causal_softmax(t, scale), as64([x]), dy.double())
-    close(y, ry, dtype, "softmax y")
-    close(dx, rdx, dtype, "softmax dx")
-    above = reference.causal_mask(shape[-2], shape[-1], x.device)
-    assert (y[..., above] == 0).all() and (dx[..., above] == 0).all(), "zeros above the diagonal"
+    check.causal_softmax("cuda", dtype, shape)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("tokens,vocab,hidden,chunk", [(1000, 50304, 256, 384), (777, 1001, 64, 100), (64, 128, 32, 4096)])
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 def test_linear_cross_entropy(dtype, tokens, vocab, hidden, chunk, reduction):
-    h = torch.randn(tokens, hidden, device="cuda", dtype=dtype)
-    w = torch.randn(vocab, hidden, device="cuda", dtype=dtype) * 0.1
-    t = torch.randint(0, vocab, (tokens,), device="cuda")
-    t[::7] = -100  # ignored positions: no loss, no gradient
-    t[3::11], t[5::13] = vocab + 5, -1  # in no slice: masked, as Megatron masks them
-    g = torch.tensor(1 / 3, device="cuda")  # an incoming gradient that is not 1 (nor exact in bf16)
-
-    def fused(h, w):
-        return FusedLinearCrossEntropy.apply(h, w, t, -100, reduction, chunk, None, 0, True)
-
-    def ref(h, w):
-        return reference.linear_cross_entropy(h, w, t, reduction=reduction)
-
-    loss, (dh, dw) = grads(fused, [h, w], g)
-    rloss, (rdh, rdw) = grads(ref, as64([h, w]), g.double())
-    close(loss, rloss, dtype, "xent loss")
-    close(dh, rdh, dtype, "xent dhidden")
-    close(dw, rdw, dtype, "xent dweight")
+    check.linear_cross_entropy("cuda", dtype, tokens, vocab, hidden, chunk, reduction)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -246,35 +149,10 @@ def test_fused_paths_refuse_what_they_cannot_take():
 @pytest.mark.parametrize("dtype,attention", [(torch.float32, "softmax"), (torch.float32, "sdpa"),
                                              (torch.bfloat16, "softmax"), (torch.float16, "sdpa")])
 def test_training_step_matches_reference(dtype, attention):
-    """A training step of a small GPT with every fused kernel in use (forward, backward, clipping, an SGD
-    update) equals the same step on the torch path: the loss, each parameter's gradient and the
-    parameters after the update. (Adam's first step is lr * sign(grad), so it would turn rounding-level
-    differences of near-zero gradients into full-size ones; SGD keeps the comparison meaningful.)"""
-    from trainer.config import ModelParams
-    from trainer.model import GPT
-    p = ModelParams(n_layer=2, n_head=4, d_model=256, vocab_size=1000, seq_len=128, attention=attention)
-    torch.manual_seed(0)
-    models = {f: GPT(p.model_copy(update={"fused_kernels": f})).to("cuda", dtype) for f in (True, False)}
-    models[True].load_state_dict(models[False].state_dict())
-    tokens = torch.randint(0, 1000, (4, 129), device="cuda")
+    """tests/kernel_checks.py's training_step, on the GPU."""
     before = runtime._function.cache_info().currsize
-    results = {}
-    for fused, model in models.items():
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        loss = model(tokens[:, :-1], tokens[:, 1:])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        grads = {k: v.grad.detach().clone() for k, v in model.named_parameters()}
-        opt.step()
-        results[fused] = (loss.detach(), grads, {k: v.detach().clone() for k, v in model.named_parameters()})
-    if dtype == torch.float32:
-        assert runtime._function.cache_info().currsize > before or before > 0
-    close(results[True][0], results[False][0], dtype, "loss")
-    for name in results[False][1]:
-        got, ref = results[True][1][name].double(), results[False][1][name].double()
-        rel = ((got - ref).norm() / ref.norm().clamp(min=1e-12)).item()
-        assert rel <= (1e-4 if dtype == torch.float32 else 1e-2), f"grad {name}: relative error {rel:.2e}"
-        close(results[True][2][name], results[False][2][name], dtype, f"after step {name}")
+    check.training_step("cuda", dtype, attention)
+    assert runtime._function.cache_info().currsize > before or before > 0
 
 
 def test_cross_entropy_under_no_grad_and_autocast_and_fp16():

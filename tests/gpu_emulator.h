@@ -1,0 +1,306 @@
+// The CUDA device side, emulated on the CPU, for running the kernels of kernels/cuda/ without a GPU
+// (tests/gpu_emulator.py compiles a kernel source after this header with the host C++ compiler).
+// Every CUDA thread of a block is a fiber (ucontext) on one OS thread; a fiber runs until it waits at
+// __syncthreads or at a warp shuffle, and the scheduler resumes the fibers whose barrier has opened:
+// one warp as far as it gets, then another, warps and lanes in an order drawn from a seed. So a missing barrier (shared memory read before
+// another thread's write), a barrier not every live thread reaches (deadlock, reported), a shuffle in
+// a warp with exited lanes, or a result that depends on thread order all show, as they can on a GPU.
+// Blocks run one after another; `__shared__` arrays are static (one block at a time), dynamic shared
+// memory is refilled with NaN bytes before each block. Not emulated: timing, caches, register limits.
+#pragma once
+#include <ucontext.h>
+#include <sys/mman.h>
+
+#include <csignal>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static  // one block runs at a time
+
+struct dim3 { unsigned x = 1, y = 1, z = 1; };
+inline dim3 threadIdx, blockIdx, blockDim, gridDim;  // the running fiber's, set at every switch
+constexpr int warpSize = 32;
+
+namespace emu {
+
+struct Fiber {
+  ucontext_t ctx;
+  dim3 idx;
+  int wait = 0;  // 0: runnable, 1: at __syncthreads, 2: at its warp's barrier
+  unsigned gen = 0;  // the barrier generation it waits to see pass
+  bool done = false;
+};
+
+struct Barrier {  // opens when every live member has arrived; a member that exits stops counting
+  unsigned gen = 0, arrived = 0, live = 0;
+};
+
+struct Launch {
+  void (*body)(void*) = nullptr;
+  void* closure = nullptr;
+  std::vector<Fiber> fibers;
+  std::vector<Barrier> warps;
+  std::vector<unsigned long long> lanes;  // shuffle exchange: 32 per warp
+  Barrier block;
+  int current = -1;
+  ucontext_t scheduler;
+  char* stacks = nullptr;
+  size_t stack_bytes = 0, stacks_size = 0;
+  unsigned long long rng = 1;
+  bool greedy = true;
+  std::string error;
+  std::vector<unsigned char> dynamic_shared;
+  volatile sig_atomic_t faulted = 0;  // a thread touched a protected page (past a tensor's end)
+  void* fault_address = nullptr;
+  int fault_thread = -1;
+  struct sigaction old_segv, old_bus;
+};
+inline Launch L;
+
+inline unsigned long long next_random() {  // xorshift64*
+  L.rng ^= L.rng >> 12; L.rng ^= L.rng << 25; L.rng ^= L.rng >> 27;
+  return L.rng * 2685821657736338717ull;
+}
+
+inline void fail(const std::string& why) {
+  if (L.error.empty()) L.error = why;
+  // park the fiber for good: the scheduler stops at the first error
+  swapcontext(&L.fibers[L.current].ctx, &L.scheduler);
+}
+
+inline std::string where() {
+  const Fiber& f = L.fibers[L.current];
+  char b[96];
+  snprintf(b, sizeof b, "block (%u,%u,%u) thread %u", blockIdx.x, blockIdx.y, blockIdx.z, f.idx.x);
+  return b;
+}
+
+// Arrive at a barrier; the last to arrive opens it and goes on, the others wait to be resumed.
+inline void arrive(Barrier& b, int kind) {
+  if (++b.arrived == b.live) { b.arrived = 0; ++b.gen; return; }
+  Fiber& f = L.fibers[L.current];
+  f.wait = kind;
+  f.gen = b.gen;
+  swapcontext(&f.ctx, &L.scheduler);
+}
+
+inline void exit_fiber() {  // a returned thread no longer counts at its block's or warp's barriers
+  Barrier* bs[2] = {&L.block, &L.warps[L.current / 32]};
+  for (Barrier* b : bs) {
+    --b->live;
+    if (b->arrived > 0 && b->arrived == b->live) { b->arrived = 0; ++b->gen; }
+  }
+  L.fibers[L.current].done = true;
+}
+
+// A fault inside a fiber (tests/gpu_emulator.py protects the page after each tensor argument) ends
+// the launch with an error; one anywhere else goes to the handler that was there before.
+inline void on_fault(int sig, siginfo_t* info, void*) {
+  if (L.current < 0 || L.faulted) {
+    sigaction(sig, sig == SIGSEGV ? &L.old_segv : &L.old_bus, nullptr);
+    return;  // the instruction faults again, under the previous handler
+  }
+  L.faulted = 1;
+  L.fault_address = info->si_addr;
+  L.fault_thread = L.current;
+  setcontext(&L.scheduler);  // back into run_block, as if the fiber had yielded
+}
+
+inline void trampoline() {
+  L.body(L.closure);
+  exit_fiber();  // uc_link returns to the scheduler
+}
+
+inline bool waiting(const Fiber& f) {
+  if (f.wait == 1) return L.block.gen == f.gen;
+  if (f.wait == 2) return L.warps[(&f - L.fibers.data()) / 32].gen == f.gen;
+  return false;
+}
+
+inline void run_block(unsigned threads) {
+  L.fibers.assign(threads, Fiber{});
+  const unsigned nwarps = (threads + 31) / 32;
+  L.warps.assign(nwarps, Barrier{});
+  L.lanes.assign(nwarps * 32, 0);
+  L.block = Barrier{0, 0, threads};
+  for (unsigned w = 0; w < nwarps; ++w) L.warps[w].live = std::min(32u, threads - 32 * w);
+  std::memset(L.dynamic_shared.data(), 0xff, L.dynamic_shared.size());
+  for (unsigned t = 0; t < threads; ++t) {
+    Fiber& f = L.fibers[t];
+    f.idx = dim3{t % blockDim.x, (t / blockDim.x) % blockDim.y, t / (blockDim.x * blockDim.y)};
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = L.stacks + (size_t)t * L.stack_bytes;
+    f.ctx.uc_stack.ss_size = L.stack_bytes;
+    f.ctx.uc_link = &L.scheduler;
+    makecontext(&f.ctx, trampoline, 0);
+  }
+  // Even seeds: a warp runs as far as it can (through its shuffles) before another is picked, so warps
+  // run ahead of one another, as on a GPU, which is what a missing barrier between them needs to show.
+  // Odd seeds: every runnable thread once a round (warps and their lanes interleaved).
+  std::vector<unsigned> warp_order(nwarps), lane_order(32);
+  for (unsigned w = 0; w < nwarps; ++w) warp_order[w] = w;
+  unsigned live = threads;
+  while (live && L.error.empty()) {
+    for (unsigned w = nwarps; w > 1; --w) std::swap(warp_order[w - 1], warp_order[next_random() % w]);
+    bool progress = false;
+    for (unsigned w : warp_order) {
+      const unsigned lanes = std::min(32u, threads - 32 * w);
+      for (bool ran = true; ran; ran = ran && L.greedy) {
+        ran = false;
+        for (unsigned l = 0; l < lanes; ++l) lane_order[l] = l;
+        for (unsigned l = lanes; l > 1; --l) std::swap(lane_order[l - 1], lane_order[next_random() % l]);
+        for (unsigned l = 0; l < lanes; ++l) {
+          const unsigned t = 32 * w + lane_order[l];
+          Fiber& f = L.fibers[t];
+          if (f.done || waiting(f)) continue;
+          f.wait = 0;
+          L.current = (int)t;
+          threadIdx = f.idx;
+          swapcontext(&L.scheduler, &f.ctx);
+          L.current = -1;
+          if (L.faulted) {
+            char b[160];
+            snprintf(b, sizeof b, "fault at address %p in block (%u,%u,%u) thread %d", L.fault_address, blockIdx.x,
+                     blockIdx.y, blockIdx.z, L.fault_thread);
+            L.error = b;
+          }
+          ran = progress = true;
+          if (!L.error.empty()) return;
+          if (f.done) --live;
+        }
+      }
+    }
+    if (!progress) {
+      unsigned at_block = 0, at_warp = 0;
+      for (const Fiber& f : L.fibers) (f.done ? 0 : f.wait == 1 ? ++at_block : ++at_warp);
+      char b[160];
+      snprintf(b, sizeof b, "deadlock in block (%u,%u,%u): %u threads wait at __syncthreads, %u at a warp shuffle, "
+               "%u returned", blockIdx.x, blockIdx.y, blockIdx.z, at_block, at_warp, threads - live);
+      L.error = b;
+    }
+  }
+}
+
+template <typename T>
+T exchange(unsigned mask, T v, int lane_from_delta, bool xor_lanes, int width) {
+  const int t = L.current, w = t / 32, lane = t % 32;
+  if (mask != 0xffffffffu || width != 32) fail(where() + ": shuffle with a partial mask or width (not emulated)");
+  if (L.warps[w].live != 32) fail(where() + ": full-mask shuffle in a warp with " + std::to_string(L.warps[w].live) +
+                                  " live lanes (undefined on a GPU)");
+  static_assert(sizeof(T) <= 8, "shuffles of up to 8 bytes");
+  unsigned long long bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  L.lanes[w * 32 + lane] = bits;
+  arrive(L.warps[w], 2);  // every lane has written
+  const int src = xor_lanes ? (lane ^ lane_from_delta) : (lane + lane_from_delta < 32 ? lane + lane_from_delta : lane);
+  bits = L.lanes[w * 32 + src];
+  arrive(L.warps[w], 2);  // every lane has read before any writes its next value
+  T out;
+  std::memcpy(&out, &bits, sizeof(T));
+  return out;
+}
+
+inline unsigned short bf16_rn(float v) {  // cvt.rn.bf16.f32: nearest even, NaN canonical
+  if (std::isnan(v)) return 0x7fff;
+  unsigned u;
+  std::memcpy(&u, &v, 4);
+  const unsigned lower = u & 0xffffu, upper = u >> 16;
+  const bool up = lower > 0x8000u || (lower == 0x8000u && (upper & 1u));
+  return (unsigned short)(upper + (up ? 1u : 0u));
+}
+
+// The inline PTX of kernels/cuda/common.cuh, as tests/gpu_emulator.py rewrites each asm statement.
+inline float ptx_cvt_f32_f16(unsigned short h) { _Float16 x; std::memcpy(&x, &h, 2); return (float)x; }
+inline unsigned short ptx_cvt_rn_f16_f32(float v) { _Float16 x = (_Float16)v; unsigned short h; std::memcpy(&h, &x, 2); return h; }
+inline unsigned short ptx_cvt_rn_bf16_f32(float v) { return bf16_rn(v); }
+// d = {a -> upper half, b -> lower half} (PTX ISA, cvt with .bf16x2)
+inline unsigned ptx_cvt_rn_bf16x2_f32(float a, float b) { return ((unsigned)bf16_rn(a) << 16) | bf16_rn(b); }
+
+template <typename... A, size_t... I>
+void call(void (*kernel)(A...), void** args, std::index_sequence<I...>) {
+  kernel(*reinterpret_cast<A*>(args[I])...);
+}
+
+template <typename... A>
+struct Closure { void (*kernel)(A...); void** args; };
+
+template <typename... A>
+void run_closure(void* c) {
+  auto* k = static_cast<Closure<A...>*>(c);
+  call(k->kernel, k->args, std::index_sequence_for<A...>{});
+}
+
+// Launch `kernel` over the grid; `args[i]` points to parameter i's value, `sizes[i]` its size in
+// bytes as the caller packed it. Returns "" or the first error.
+template <typename... A>
+std::string launch(void (*kernel)(A...), const unsigned* grid, const unsigned* block, size_t shared_bytes,
+                   void** args, const int* sizes, int nargs, unsigned long long seed) {
+  const size_t expected[] = {sizeof(A)..., 0};
+  if (nargs != (int)sizeof...(A)) return "kernel takes " + std::to_string(sizeof...(A)) + " arguments, given " + std::to_string(nargs);
+  for (int i = 0; i < nargs; ++i)
+    if ((size_t)sizes[i] != expected[i])
+      return "argument " + std::to_string(i) + " is " + std::to_string(sizes[i]) + " bytes, the kernel's parameter " +
+             std::to_string(expected[i]);
+  const unsigned threads = block[0] * block[1] * block[2];
+  if (threads == 0 || threads > 1024) return "block of " + std::to_string(threads) + " threads";
+  Closure<A...> closure{kernel, args};
+  L.body = run_closure<A...>;
+  L.closure = &closure;
+  L.error.clear();
+  L.rng = seed * 0x9E3779B97F4A7C15ull + 1;
+  L.greedy = seed % 2 == 0;
+  L.dynamic_shared.assign(shared_bytes, 0xff);
+  L.stack_bytes = 256 * 1024;
+  L.stacks_size = L.stack_bytes * threads;
+  L.stacks = (char*)mmap(nullptr, L.stacks_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (L.stacks == MAP_FAILED) return "no memory for the threads' stacks";
+  blockDim = dim3{block[0], block[1], block[2]};
+  gridDim = dim3{grid[0], grid[1], grid[2]};
+  L.faulted = 0;
+  L.current = -1;
+  struct sigaction on;
+  std::memset(&on, 0, sizeof on);
+  on.sa_sigaction = on_fault;
+  on.sa_flags = SA_SIGINFO;
+  sigaction(SIGSEGV, &on, &L.old_segv);
+  sigaction(SIGBUS, &on, &L.old_bus);
+  for (unsigned z = 0; z < grid[2] && L.error.empty(); ++z)
+    for (unsigned y = 0; y < grid[1] && L.error.empty(); ++y)
+      for (unsigned x = 0; x < grid[0] && L.error.empty(); ++x) {
+        blockIdx = dim3{x, y, z};
+        run_block(threads);
+      }
+  sigaction(SIGSEGV, &L.old_segv, nullptr);
+  sigaction(SIGBUS, &L.old_bus, nullptr);
+  munmap(L.stacks, L.stacks_size);
+  return L.error;
+}
+
+}  // namespace emu
+
+inline void __syncthreads() { emu::arrive(emu::L.block, 1); }
+template <typename T> T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+  return emu::exchange(mask, v, lane_mask, true, width);
+}
+template <typename T> T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+  return emu::exchange(mask, v, (int)delta, false, width);
+}
+inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline float __int_as_float(int u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
+inline int __float_as_int(float f) { int u; std::memcpy(&u, &f, 4); return u; }
+inline float __expf(float x) { return std::exp(x); }
+inline float __frcp_rn(float x) { return 1.0f / x; }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+#define EMU_DYNAMIC_SHARED(type, name) type* name = reinterpret_cast<type*>(emu::L.dynamic_shared.data())

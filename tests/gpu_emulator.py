@@ -1,0 +1,239 @@
+"""The kernels of kernels/cuda/ run on the CPU: each instantiation compiled by the host C++ compiler
+after tests/gpu_emulator.h (CUDA threads as fibers, barriers and warp shuffles emulated), launched
+through the same Python wrappers as on a GPU, with `runtime.launch` swapped for `launch` below.
+
+This checks what can be wrong without a GPU in sight: indexing, the rows and columns each thread and
+block takes, barriers, shuffles, template logic and the wrappers' launch shapes. Every tensor argument
+is copied into a mapping of its own that ends at a protected page (a read or write past the end
+faults), after guard bytes (NaN in every float type, tagged per argument: a write before it raises, a
+read before it shows as NaN). It does not replace tests/test_kernels_gpu.py: timing, NVRTC, the fp32
+contraction nvcc does (FMA) and the hardware's exp are the GPU's."""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import functools
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from kernels import runtime
+
+HEADER = Path(__file__).with_name("gpu_emulator.h")
+CXX = shutil.which("g++") or shutil.which("c++")
+ARCH = 900  # __CUDA_ARCH__: the sm_80+ paths (PTX conversions) an H100 or H200 runs
+FLAGS = ("-std=c++17", "-O1", "-fPIC", "-shared", "-fvisibility=hidden", "-w", f"-D__CUDA_ARCH__={ARCH}")
+GUARD = 256  # guard bytes before every tensor argument
+CACHE = Path(os.environ.get("GPU_EMULATOR_CACHE", Path(tempfile.gettempdir()) / f"gpu-emulator-{os.getuid()}"))
+SCALARS = {np.int32: ctypes.c_int32, np.int64: ctypes.c_int64, np.float32: ctypes.c_float, np.uint64: ctypes.c_uint64}
+
+
+class EmulatedKernelError(RuntimeError):
+    pass
+
+
+def _operands(text: str) -> list[str]:
+    """The C expressions of an asm operand list: `"=f"(f), "h"(v.bits)` -> ["f", "v.bits"]."""
+    out, i = [], 0
+    while (m := re.compile(r'"=?\w"\s*\(').search(text, i)):
+        depth, j = 1, m.end()
+        while depth:
+            depth += {"(": 1, ")": -1}.get(text[j], 0)
+            j += 1
+        out.append(text[m.end():j - 1].strip())
+        i = j
+    return out
+
+
+def rewrite(source: str) -> str:
+    """CUDA text the host compiler takes: each inline PTX statement becomes a call of its emulation
+    (emu::ptx_cvt_rn_bf16_f32 for `cvt.rn.bf16.f32`), `extern __shared__` arrays point into the
+    launch's dynamic shared memory. An asm statement of another form is refused, not skipped."""
+    def asm(m: re.Match) -> str:
+        parts = re.fullmatch(r'\s*"([^"]*)"\s*:(.*?):(.*)', m.group(1), re.S)
+        if not parts or not parts.group(1).startswith("cvt."):
+            raise EmulatedKernelError(f"inline PTX the emulator does not know: asm({m.group(1)})")
+        op = "ptx_" + parts.group(1).split()[0].replace(".", "_")
+        (out,), ins = _operands(parts.group(2)), _operands(parts.group(3))
+        return f"{out} = emu::{op}({', '.join(ins)});"
+    source = re.sub(r"\basm\((.*?)\);", asm, source, flags=re.S)
+    return re.sub(r"extern\s+__shared__\s+(\w+)\s+(\w+)\s*\[\s*\]\s*;", r"EMU_DYNAMIC_SHARED(\1, \2);", source)
+
+
+def translation_unit(source: str, expression: str) -> str:
+    return (f'#include "{HEADER}"\n{rewrite(source)}\n'
+            'extern "C" __attribute__((visibility("default"))) int emu_launch(const unsigned* grid, '
+            'const unsigned* block, unsigned long long shared, void** args, const int* sizes, int nargs, '
+            'unsigned long long seed, char* error, int error_len) {\n'
+            f'  const std::string e = emu::launch(&{expression}, grid, block, shared, args, sizes, nargs, seed);\n'
+            '  snprintf(error, error_len, "%s", e.c_str());\n  return e.empty() ? 0 : 1;\n}\n')
+
+
+@functools.cache
+def library(source: str, expression: str) -> ctypes.CDLL:
+    """`expression` of CUDA `source` compiled into a shared library (kept in CACHE by the hash of its text)."""
+    if CXX is None:
+        raise EmulatedKernelError("no C++ compiler (g++) on PATH")
+    unit = translation_unit(source, expression)
+    key = hashlib.sha256("\n".join([unit, HEADER.read_text(), *FLAGS]).encode()).hexdigest()[:24]
+    so = CACHE / f"{key}.so"
+    if not so.exists():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+            src, out = Path(tmp) / "unit.cpp", Path(tmp) / "unit.so"
+            src.write_text(unit)
+            done = subprocess.run([CXX, *FLAGS, str(src), "-o", str(out)], capture_output=True, text=True)
+            if done.returncode:
+                raise EmulatedKernelError(f"{expression} does not compile for the emulator:\n{done.stderr[-4000:]}")
+            os.replace(out, so)  # atomic: parallel test workers may compile the same instantiation
+    lib = ctypes.CDLL(str(so))
+    lib.emu_launch.restype = ctypes.c_int
+    return lib
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+_libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+_libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+PAGE = os.sysconf("SC_PAGE_SIZE")
+PROT_NONE, PROT_RW, MAP_PRIVATE_ANONYMOUS = 0, 3, 0x22
+
+
+@dataclasses.dataclass
+class _Staged:
+    """A tensor argument's bytes in a mapping of their own, ending (to within the 16 bytes of its
+    alignment) at a page no thread may touch: a read or write past the end faults, even one whose
+    value is never used (a row loaded ahead past the last). Before the bytes and in the few after,
+    guard bytes of the argument's own tag."""
+    tensor: torch.Tensor
+    index: int
+    base: int
+    size: int
+    start: int
+    nbytes: int
+
+    @classmethod
+    def of(cls, t: torch.Tensor, index: int) -> "_Staged":
+        if not t.is_contiguous():
+            raise EmulatedKernelError(f"a non-contiguous tensor {tuple(t.shape)} passed to a kernel")
+        nbytes = t.numel() * t.element_size()
+        size = -(-(GUARD + nbytes + 16) // PAGE) * PAGE + PAGE
+        base = _libc.mmap(None, size, PROT_RW, MAP_PRIVATE_ANONYMOUS, -1, 0)
+        if base in (None, ctypes.c_void_p(-1).value):
+            raise MemoryError(f"mmap of {size} bytes: errno {ctypes.get_errno()}")
+        end = base + size - PAGE
+        start = end - nbytes
+        start -= (start - t.data_ptr()) % 16  # the alignment the wrappers chose vector widths by
+        ctypes.memmove(base, _guard(base, end - base, index), end - base)
+        ctypes.memmove(start, t.data_ptr(), nbytes)
+        _libc.mprotect(end, PAGE, PROT_NONE)
+        return cls(t, index, base, size, start, nbytes)
+
+    def owns(self, address: int) -> bool:
+        return self.base <= address < self.base + self.size
+
+    def finish(self, expression: str) -> None:
+        """Checks the guard bytes and copies the bytes back into the tensor."""
+        end = self.base + self.size - PAGE
+        want, now = _guard(self.base, end - self.base, self.index), ctypes.string_at(self.base, end - self.base)
+        head, tail = self.start - self.base, self.start - self.base + self.nbytes
+        if now[:head] != want[:head] or now[tail:] != want[tail:]:
+            raise EmulatedKernelError(f"{expression} wrote outside argument {self.index} ({tuple(self.tensor.shape)} "
+                                      f"{self.tensor.dtype})")
+        ctypes.memmove(self.tensor.data_ptr(), self.start, self.nbytes)
+
+    def release(self) -> None:
+        _libc.munmap(self.base, self.size)
+
+
+def _guard(address: int, size: int, index: int) -> bytes:
+    """Guard bytes: a tag at even addresses, 0xff at odd ones, so that every aligned bf16, fp16 or fp32
+    element read from them is a NaN (0xfftt, 0xffttfftt), and a value copied from another argument's
+    guard (another tag) is a change."""
+    tag = 0x81 + index % 0x7D  # its low 7 bits not zero (a NaN, not an infinity), its top bit set (fp32)
+    pair = bytes([tag, 0xFF]) if address % 2 == 0 else bytes([0xFF, tag])
+    return (pair * (size // 2 + 1))[:size]
+
+
+class Emulator:
+    """runtime.launch's stand-in. `seed` orders the fibers (threads) each scheduling round."""
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+        self.launches: list[tuple[str, tuple, tuple]] = []
+
+    def launch(self, file, expression, grid, block, args, shared_mem=0, max_regs=0) -> None:
+        """runtime.launch's signature: a kernel of kernels/cuda/ (`max_regs` changes nothing here)."""
+        self.run(runtime.source(file), expression, grid, block, args, shared_mem)
+
+    def run(self, source: str, expression: str, grid, block, args, shared_mem: int = 0) -> None:
+        lib = library(source, expression)
+        staged, values = [], []
+        try:
+            for a in args:
+                if isinstance(a, torch.Tensor):
+                    staged.append(_Staged.of(a, len(values)))
+                    values.append(ctypes.c_uint64(staged[-1].start))
+                elif type(a) in SCALARS:
+                    values.append(SCALARS[type(a)](a.item()))
+                else:
+                    raise TypeError(f"kernel argument {a!r} must be a tensor or a runtime.i32/i64/f32 scalar")
+            argv = (ctypes.c_void_p * len(values))(*(ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values))
+            sizes = (ctypes.c_int * len(values))(*(ctypes.sizeof(v) for v in values))
+            grid3, block3 = (tuple(grid) + (1, 1))[:3], (tuple(block) + (1, 1))[:3]
+            error = ctypes.create_string_buffer(512)
+            rc = lib.emu_launch((ctypes.c_uint * 3)(*grid3), (ctypes.c_uint * 3)(*block3),
+                                ctypes.c_ulonglong(shared_mem), argv, sizes, len(values), ctypes.c_ulonglong(self.seed),
+                                error, len(error))
+            if rc:
+                why = error.value.decode()
+                if (m := re.match(r"fault at address (0x[0-9a-f]+)", why)):
+                    owner = [s for s in staged if s.owns(int(m.group(1), 16))]
+                    if owner:
+                        t = owner[0].tensor
+                        why += f": past the end of argument {owner[0].index} ({tuple(t.shape)} {t.dtype})"
+                raise EmulatedKernelError(f"{expression} grid {grid3} block {block3}: {why}")
+            for s in staged:
+                s.finish(expression)
+        finally:
+            for s in staged:
+                s.release()
+        self.launches.append((expression, grid3, block3))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Compiled:  # what runtime.resident reads of a compiled kernel
+    num_regs: int
+    max_threads_per_block: int = 1024
+
+
+def _supports(*tensors: torch.Tensor) -> bool:  # runtime.supports on CPU tensors
+    first = tensors[0]
+    return (all(t is not None for t in tensors) and first.dtype in runtime.CUDA_TYPE and first.numel() > 0
+            and all(t.dtype == first.dtype and t.is_contiguous() for t in tensors))
+
+
+@contextlib.contextmanager
+def emulated(monkeypatch, multiprocessors: int = 2, registers: int = 128, seed: int = 0):
+    """The fused wrappers on CPU tensors, launching the emulator: a GPU of `multiprocessors`, every
+    kernel compiled to `registers` per thread (small grids, so blocks and warps stride over rows)."""
+    emu = Emulator(seed)
+    monkeypatch.setattr(runtime, "launch", emu.launch)
+    monkeypatch.setattr(runtime, "supports", _supports)
+    monkeypatch.setattr(runtime, "multiprocessors", lambda device: multiprocessors)
+    monkeypatch.setattr(runtime, "_function", lambda *a, **k: _Compiled(registers))
+    monkeypatch.setattr(runtime, "_shared_per_sm", lambda device: 228 * 1024)
+    runtime.row_layout.cache_clear()
+    try:
+        yield emu
+    finally:
+        runtime.row_layout.cache_clear()
