@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -26,7 +27,7 @@
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
-#define __shared__ static  // one block runs at a time
+#define __shared__ static  // one block runs at a time (gpu_emulator.py rewrites the arrays to EMU_SHARED)
 
 struct dim3 { unsigned x = 1, y = 1, z = 1; };
 inline dim3 threadIdx, blockIdx, blockDim, gridDim;  // the running fiber's, set at every switch
@@ -61,6 +62,7 @@ struct Launch {
   bool greedy = true;
   std::string error;
   std::vector<unsigned char> dynamic_shared;
+  std::vector<std::pair<void*, size_t>> static_shared;  // the __shared__ arrays met so far, refilled each block
   volatile sig_atomic_t faulted = 0;  // a thread touched a protected page (past a tensor's end)
   void* fault_address = nullptr;
   int fault_thread = -1;
@@ -136,6 +138,7 @@ inline void run_block(unsigned threads) {
   L.block = Barrier{0, 0, threads};
   for (unsigned w = 0; w < nwarps; ++w) L.warps[w].live = std::min(32u, threads - 32 * w);
   std::memset(L.dynamic_shared.data(), 0xff, L.dynamic_shared.size());
+  for (auto& [p, n] : L.static_shared) std::memset(p, 0xff, n);
   for (unsigned t = 0; t < threads; ++t) {
     Fiber& f = L.fibers[t];
     f.idx = dim3{t % blockDim.x, (t / blockDim.x) % blockDim.y, t / (blockDim.x * blockDim.y)};
@@ -209,6 +212,19 @@ T exchange(unsigned mask, T v, int lane_from_delta, bool xor_lanes, int width) {
   T out;
   std::memcpy(&out, &bits, sizeof(T));
   return out;
+}
+
+// The kernels' vector accesses (reinterpret_cast to Pack<T, VEC>, rewritten to this): a GPU faults on
+// a 16-byte access at an address not a multiple of 16, where x86 would not.
+template <typename To, typename From>
+To aligned_cast(From* p) {
+  constexpr size_t align = alignof(std::remove_cv_t<std::remove_pointer_t<To>>);
+  if (reinterpret_cast<uintptr_t>(p) % align) {
+    char b[96];
+    snprintf(b, sizeof b, ": misaligned %zu-byte access at %p", align, (const void*)p);
+    fail(where() + b);
+  }
+  return reinterpret_cast<To>(p);
 }
 
 inline unsigned short bf16_rn(float v) {  // cvt.rn.bf16.f32: nearest even, NaN canonical
@@ -300,7 +316,15 @@ inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); retu
 inline float __int_as_float(int u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 inline int __float_as_int(float f) { int u; std::memcpy(&u, &f, 4); return u; }
+template <typename T> T min(T a, T b) { return b < a ? b : a; }  // CUDA's integer min and max
+template <typename T> T max(T a, T b) { return a < b ? b : a; }
 inline float __expf(float x) { return std::exp(x); }
 inline float __frcp_rn(float x) { return 1.0f / x; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+// A __shared__ array holds NaN bytes (0xff) when a block starts, as garbage on a GPU would be: a
+// thread reading what no thread of its block wrote sees NaN, not the last block's values.
+struct SharedArray {
+  SharedArray(void* p, size_t n) { std::memset(p, 0xff, n); emu::L.static_shared.emplace_back(p, n); }
+};
+#define EMU_SHARED(decl, name) static decl; static SharedArray emu_shared_##name(&name, sizeof(name))
 #define EMU_DYNAMIC_SHARED(type, name) type* name = reinterpret_cast<type*>(emu::L.dynamic_shared.data())

@@ -55,8 +55,9 @@ def _operands(text: str) -> list[str]:
 
 def rewrite(source: str) -> str:
     """CUDA text the host compiler takes: each inline PTX statement becomes a call of its emulation
-    (emu::ptx_cvt_rn_bf16_f32 for `cvt.rn.bf16.f32`), `extern __shared__` arrays point into the
-    launch's dynamic shared memory. An asm statement of another form is refused, not skipped."""
+    (emu::ptx_cvt_rn_bf16_f32 for `cvt.rn.bf16.f32`), `__shared__` arrays are refilled with NaN bytes
+    at each block's start, `extern __shared__` ones point into the launch's dynamic shared memory, and
+    every reinterpret_cast (the vector accesses) checks its alignment. An asm statement of another form is refused, not skipped."""
     def asm(m: re.Match) -> str:
         parts = re.fullmatch(r'\s*"([^"]*)"\s*:(.*?):(.*)', m.group(1), re.S)
         if not parts or not parts.group(1).startswith("cvt."):
@@ -65,7 +66,9 @@ def rewrite(source: str) -> str:
         (out,), ins = _operands(parts.group(2)), _operands(parts.group(3))
         return f"{out} = emu::{op}({', '.join(ins)});"
     source = re.sub(r"\basm\((.*?)\);", asm, source, flags=re.S)
-    return re.sub(r"extern\s+__shared__\s+(\w+)\s+(\w+)\s*\[\s*\]\s*;", r"EMU_DYNAMIC_SHARED(\1, \2);", source)
+    source = re.sub(r"extern\s+__shared__\s+(\w+)\s+(\w+)\s*\[\s*\]\s*;", r"EMU_DYNAMIC_SHARED(\1, \2);", source)
+    source = source.replace("reinterpret_cast<", "emu::aligned_cast<")  # vector accesses: alignment checked
+    return re.sub(r"(?<!extern )__shared__\s+(\w+\s+(\w+)\s*(?:\[[^\]]+\]\s*)+);", r"EMU_SHARED(\1, \2);", source)
 
 
 def translation_unit(source: str, expression: str) -> str:

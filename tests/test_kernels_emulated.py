@@ -90,6 +90,21 @@ def test_a_warp_running_ahead_into_shared_memory_still_read_shows():
     assert not torch.allclose(y, want.expand(128), rtol=1e-4)
 
 
+def test_shared_memory_holds_garbage_when_a_block_starts():
+    """A block that reads shared memory no thread of it wrote sees NaN (garbage on a GPU), not what the
+    block before it left there."""
+    source = """
+__global__ void stale(const float* x, float* y) {
+  __shared__ float s[32];
+  if (blockIdx.x == 0) s[threadIdx.x] = x[threadIdx.x];
+  __syncthreads();
+  y[blockIdx.x * 32 + threadIdx.x] = s[threadIdx.x];
+}"""
+    y = torch.zeros(64)
+    run(source, "stale", (32,), torch.ones(32), y, grid=(2,))
+    assert (y[:32] == 1).all() and y[32:].isnan().all()
+
+
 def test_a_barrier_not_every_thread_reaches_is_a_deadlock():
     source = """
 __global__ void split(float* y) {
@@ -130,6 +145,20 @@ __global__ void early(const float* x, float* y) {
     shift = "__global__ void shift(float* y, int by) { y[threadIdx.x] = by; }"
     with pytest.raises(EmulatedKernelError, match="argument 1 is 8 bytes, the kernel's parameter 4"):
         run(shift, "shift", (32,), torch.empty(32), runtime.i64(1))
+
+
+def test_a_vector_access_off_its_alignment_faults():
+    source = """
+__global__ void vectors(const float* x, float* y, int at) {
+  float v[4];
+  load_vec<float, 4>(x + at, v);
+  store_floats<4>(y, v);
+}"""
+    x, y = torch.arange(8, dtype=torch.float32), torch.empty(4)
+    run(source, "vectors", (32,), x, y, runtime.i32(4))
+    assert torch.equal(y, x[4:])
+    with pytest.raises(EmulatedKernelError, match="misaligned 16-byte access"):
+        run(source, "vectors", (32,), x, y, runtime.i32(1))
 
 
 def test_the_ptx_conversions_round_as_torch_does():
@@ -249,3 +278,23 @@ def test_layer_norm_gradients_do_not_depend_on_thread_order(monkeypatch, cols):
             runs.append(grads(lambda *a: kernels.layer_norm(*a, eps=1e-5), [x, w, b], dy))
     for y, gs in runs[1:]:
         assert torch.equal(y, runs[0][0]) and all(torch.equal(g, g0) for g, g0 in zip(gs, runs[0][1]))
+
+
+@pytest.mark.parametrize("num_perm", [128, 7])
+def test_minhash_signatures_are_bit_identical(gpu, num_perm):
+    """The dedup stage's MinHash kernel (a block per document, a thread per permutation, shingles through
+    shared-memory tiles) against the CPU signatures, as tests/test_kernels_gpu.py checks it on a GPU."""
+    import random
+
+    import numpy as np
+
+    from tasks.dedup.gpu import signatures_gpu
+    from tasks.dedup.minhash import shingle_hashes, signatures_of
+
+    rng = random.Random(num_perm)
+    words = [f"w{i}" for i in range(300)]
+    docs = [" ".join(rng.choice(words) for _ in range(rng.randint(0, 1500))) for _ in range(12)] + ["", "a b"]
+    hashes, offsets = shingle_hashes(docs, 5)
+    got = signatures_gpu(hashes, offsets, num_perm, 3, device=torch.device("cpu"))
+    assert np.array_equal(got, signatures_of(hashes, offsets, num_perm, 3))
+    assert gpu.launches[-1][0] == "minhash_signatures"

@@ -23,8 +23,9 @@ def available() -> bool:
     return fused_available()
 
 
-def signatures_gpu(shingles: np.ndarray, offsets: np.ndarray, num_perm: int, seed: int) -> np.ndarray:
-    """[documents, num_perm] uint32: the same values as tasks.dedup.minhash.signatures_of."""
+def signatures_gpu(shingles: np.ndarray, offsets: np.ndarray, num_perm: int, seed: int, device=None) -> np.ndarray:
+    """[documents, num_perm] uint32: the same values as tasks.dedup.minhash.signatures_of. `device`: the
+    current CUDA device unless given (tests/test_kernels_emulated.py gives the CPU, under the emulator)."""
     import torch
 
     from kernels import runtime
@@ -33,7 +34,7 @@ def signatures_gpu(shingles: np.ndarray, offsets: np.ndarray, num_perm: int, see
     if docs == 0:
         return np.zeros((0, num_perm), dtype=np.uint32)
     a, b = permutations(num_perm, seed)
-    dev = torch.device("cuda", torch.cuda.current_device())
+    dev = device if device is not None else torch.device("cuda", torch.cuda.current_device())
     as_i32 = lambda x: torch.from_numpy(np.ascontiguousarray(x).view(np.int32)).to(dev)  # noqa: E731  (bits as is)
     h = as_i32(shingles if len(shingles) else np.zeros(1, np.uint32))
     off = torch.from_numpy(np.ascontiguousarray(offsets, dtype=np.int64)).to(dev)
