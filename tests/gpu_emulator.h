@@ -2,11 +2,15 @@
 // (tests/gpu_emulator.py compiles a kernel source after this header with the host C++ compiler).
 // Every CUDA thread of a block is a fiber (ucontext) on one OS thread; a fiber runs until it waits at
 // __syncthreads or at a warp shuffle, and the scheduler resumes the fibers whose barrier has opened:
-// one warp as far as it gets, then another, warps and lanes in an order drawn from a seed. So a missing barrier (shared memory read before
-// another thread's write), a barrier not every live thread reaches (deadlock, reported), a shuffle in
-// a warp with exited lanes, or a result that depends on thread order all show, as they can on a GPU.
-// Blocks run one after another; `__shared__` arrays are static (one block at a time), dynamic shared
-// memory is refilled with NaN bytes before each block. Not emulated: timing, caches, register limits.
+// one warp as far as it gets, then another (even seeds), or every thread once a round (odd seeds),
+// warps, lanes and blocks in an order drawn from the seed. So a missing barrier between two threads'
+// accesses to shared memory, a barrier not every live thread reaches (deadlock), a shuffle in a warp
+// with exited lanes, and a block that reads shared memory no thread of it wrote (NaN bytes) all show.
+// Not shown: races within one barrier interval (a thread runs from one barrier to the next without a
+// switch, so two threads' unsynchronised read-modify-writes of one word never lose an update), and
+// what only the hardware decides: timing, caches, register limits, FMA contraction, __expf's error.
+// Blocks run one at a time; shared memory (static and dynamic) lives in mappings that end at a page
+// no thread may touch, so an overrun faults.
 #pragma once
 #include <ucontext.h>
 #include <sys/mman.h>
@@ -18,6 +22,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <algorithm>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -27,7 +32,7 @@
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
-#define __shared__ static  // one block runs at a time (gpu_emulator.py rewrites the arrays to EMU_SHARED)
+#define __align__(n) alignas(n)
 
 struct dim3 { unsigned x = 1, y = 1, z = 1; };
 inline dim3 threadIdx, blockIdx, blockDim, gridDim;  // the running fiber's, set at every switch
@@ -61,13 +66,17 @@ struct Launch {
   unsigned long long rng = 1;
   bool greedy = true;
   std::string error;
-  std::vector<unsigned char> dynamic_shared;
+  unsigned char* dynamic_shared = nullptr;  // this launch's, in `dynamic_map`
+  size_t dynamic_bytes = 0;
+  std::pair<void*, size_t> dynamic_map{nullptr, 0};
   std::vector<std::pair<void*, size_t>> static_shared;  // the __shared__ arrays met so far, refilled each block
-  volatile sig_atomic_t faulted = 0;  // a thread touched a protected page (past a tensor's end)
+  volatile sig_atomic_t faulted = 0;  // a thread touched a protected page, or trapped
+  int fault_signal = 0;
   void* fault_address = nullptr;
   int fault_thread = -1;
-  struct sigaction old_segv, old_bus;
+  struct sigaction old[4];
 };
+constexpr int SIGNALS[4] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL};
 inline Launch L;
 
 inline unsigned long long next_random() {  // xorshift64*
@@ -98,7 +107,10 @@ inline void arrive(Barrier& b, int kind) {
 }
 
 inline void exit_fiber() {  // a returned thread no longer counts at its block's or warp's barriers
-  Barrier* bs[2] = {&L.block, &L.warps[L.current / 32]};
+  Barrier& warp = L.warps[L.current / 32];
+  if (warp.arrived > 0)  // its lanes wait at a shuffle: they would read what it never wrote
+    fail(where() + ": returned while " + std::to_string(warp.arrived) + " lanes of its warp wait at a shuffle");
+  Barrier* bs[2] = {&L.block, &warp};
   for (Barrier* b : bs) {
     --b->live;
     if (b->arrived > 0 && b->arrived == b->live) { b->arrived = 0; ++b->gen; }
@@ -106,14 +118,17 @@ inline void exit_fiber() {  // a returned thread no longer counts at its block's
   L.fibers[L.current].done = true;
 }
 
-// A fault inside a fiber (tests/gpu_emulator.py protects the page after each tensor argument) ends
-// the launch with an error; one anywhere else goes to the handler that was there before.
+// A fault or trap inside a fiber (a protected page touched, an integer division by zero, a misaligned
+// access trapped by -fsanitize=alignment) ends the launch with an error; one anywhere else goes to
+// the handler that was there before.
 inline void on_fault(int sig, siginfo_t* info, void*) {
   if (L.current < 0 || L.faulted) {
-    sigaction(sig, sig == SIGSEGV ? &L.old_segv : &L.old_bus, nullptr);
+    for (int i = 0; i < 4; ++i)
+      if (SIGNALS[i] == sig) sigaction(sig, &L.old[i], nullptr);
     return;  // the instruction faults again, under the previous handler
   }
   L.faulted = 1;
+  L.fault_signal = sig;
   L.fault_address = info->si_addr;
   L.fault_thread = L.current;
   setcontext(&L.scheduler);  // back into run_block, as if the fiber had yielded
@@ -137,7 +152,7 @@ inline void run_block(unsigned threads) {
   L.lanes.assign(nwarps * 32, 0);
   L.block = Barrier{0, 0, threads};
   for (unsigned w = 0; w < nwarps; ++w) L.warps[w].live = std::min(32u, threads - 32 * w);
-  std::memset(L.dynamic_shared.data(), 0xff, L.dynamic_shared.size());
+  std::memset(L.dynamic_shared, 0xff, L.dynamic_bytes);
   for (auto& [p, n] : L.static_shared) std::memset(p, 0xff, n);
   for (unsigned t = 0; t < threads; ++t) {
     Fiber& f = L.fibers[t];
@@ -173,10 +188,18 @@ inline void run_block(unsigned threads) {
           swapcontext(&L.scheduler, &f.ctx);
           L.current = -1;
           if (L.faulted) {
-            char b[160];
-            snprintf(b, sizeof b, "fault at address %p in block (%u,%u,%u) thread %d", L.fault_address, blockIdx.x,
-                     blockIdx.y, blockIdx.z, L.fault_thread);
+            char b[192];
+            const char* what = L.fault_signal == SIGFPE ? "arithmetic trap (integer division by zero?)"
+                               : L.fault_signal == SIGILL ? "trap (a misaligned access, under -fsanitize=alignment)"
+                                                          : "fault";
+            snprintf(b, sizeof b, "%s at address %p in block (%u,%u,%u) thread %d", what, L.fault_address,
+                     blockIdx.x, blockIdx.y, blockIdx.z, L.fault_thread);
             L.error = b;
+            auto* at = (unsigned char*)L.fault_address;
+            auto within = [&](void* p, size_t n) { return at >= (unsigned char*)p && at < (unsigned char*)p + n; };
+            if (within(L.dynamic_map.first, L.dynamic_map.second)) L.error += ": past the end of dynamic shared memory";
+            for (auto& [p, n] : L.static_shared)
+              if (within(p, n + 16 + 4096)) L.error += ": past the end of a __shared__ array";
           }
           ran = progress = true;
           if (!L.error.empty()) return;
@@ -206,6 +229,7 @@ T exchange(unsigned mask, T v, int lane_from_delta, bool xor_lanes, int width) {
   std::memcpy(&bits, &v, sizeof(T));
   L.lanes[w * 32 + lane] = bits;
   arrive(L.warps[w], 2);  // every lane has written
+  if (L.warps[w].live != 32) fail(where() + ": a lane of its warp returned during a shuffle");
   const int src = xor_lanes ? (lane ^ lane_from_delta) : (lane + lane_from_delta < 32 ? lane + lane_from_delta : lane);
   bits = L.lanes[w * 32 + src];
   arrive(L.warps[w], 2);  // every lane has read before any writes its next value
@@ -243,6 +267,28 @@ inline unsigned short ptx_cvt_rn_bf16_f32(float v) { return bf16_rn(v); }
 // d = {a -> upper half, b -> lower half} (PTX ISA, cvt with .bf16x2)
 inline unsigned ptx_cvt_rn_bf16x2_f32(float a, float b) { return ((unsigned)bf16_rn(a) << 16) | bf16_rn(b); }
 
+// `bytes`, 16-byte aligned, in a mapping of their own (`map`: its address and size) that ends, to
+// within 16 bytes, at a page no thread may touch.
+inline unsigned char* guarded(size_t bytes, std::pair<void*, size_t>* map = nullptr) {
+  const size_t page = 4096, size = (bytes + 16 + page - 1) / page * page + page;
+  auto* base = (unsigned char*)mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (base == MAP_FAILED) return nullptr;
+  mprotect(base + size - page, page, PROT_NONE);
+  if (map) *map = {base, size};
+  return base + ((size - page - bytes) & ~size_t(15));
+}
+
+template <typename T, int DECLARATION>
+T& shared_array() {  // a __shared__ array, once per declaration, refilled with 0xff at each block
+  static unsigned char* p = [] {
+    unsigned char* q = guarded(sizeof(T));
+    std::memset(q, 0xff, sizeof(T));
+    L.static_shared.emplace_back(q, sizeof(T));
+    return q;
+  }();
+  return *reinterpret_cast<T*>(p);
+}
+
 template <typename... A, size_t... I>
 void call(void (*kernel)(A...), void** args, std::index_sequence<I...>) {
   kernel(*reinterpret_cast<A*>(args[I])...);
@@ -276,7 +322,11 @@ std::string launch(void (*kernel)(A...), const unsigned* grid, const unsigned* b
   L.error.clear();
   L.rng = seed * 0x9E3779B97F4A7C15ull + 1;
   L.greedy = seed % 2 == 0;
-  L.dynamic_shared.assign(shared_bytes, 0xff);
+  if (shared_bytes > 48 * 1024)  // beyond 48 KB a launch fails unless cudaFuncSetAttribute raised the limit
+    return std::to_string(shared_bytes) + " bytes of dynamic shared memory: over 48 KB needs an opt-in the launch does not make";
+  L.dynamic_bytes = shared_bytes;
+  L.dynamic_shared = guarded(shared_bytes, &L.dynamic_map);
+  if (!L.dynamic_shared) return "no memory for dynamic shared memory";
   L.stack_bytes = 256 * 1024;
   L.stacks_size = L.stack_bytes * threads;
   L.stacks = (char*)mmap(nullptr, L.stacks_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -289,17 +339,20 @@ std::string launch(void (*kernel)(A...), const unsigned* grid, const unsigned* b
   std::memset(&on, 0, sizeof on);
   on.sa_sigaction = on_fault;
   on.sa_flags = SA_SIGINFO;
-  sigaction(SIGSEGV, &on, &L.old_segv);
-  sigaction(SIGBUS, &on, &L.old_bus);
-  for (unsigned z = 0; z < grid[2] && L.error.empty(); ++z)
-    for (unsigned y = 0; y < grid[1] && L.error.empty(); ++y)
-      for (unsigned x = 0; x < grid[0] && L.error.empty(); ++x) {
-        blockIdx = dim3{x, y, z};
-        run_block(threads);
-      }
-  sigaction(SIGSEGV, &L.old_segv, nullptr);
-  sigaction(SIGBUS, &L.old_bus, nullptr);
+  for (int i = 0; i < 4; ++i) sigaction(SIGNALS[i], &on, &L.old[i]);
+  // blocks in an order drawn from the seed: no kernel may depend on which block runs first
+  std::vector<dim3> blocks;
+  for (unsigned z = 0; z < grid[2]; ++z)
+    for (unsigned y = 0; y < grid[1]; ++y)
+      for (unsigned x = 0; x < grid[0]; ++x) blocks.push_back(dim3{x, y, z});
+  for (size_t n = blocks.size(); n > 1; --n) std::swap(blocks[n - 1], blocks[next_random() % n]);
+  for (size_t i = 0; i < blocks.size() && L.error.empty(); ++i) {
+    blockIdx = blocks[i];
+    run_block(threads);
+  }
+  for (int i = 0; i < 4; ++i) sigaction(SIGNALS[i], &L.old[i], nullptr);
   munmap(L.stacks, L.stacks_size);
+  munmap(L.dynamic_map.first, L.dynamic_map.second);
   return L.error;
 }
 
@@ -321,10 +374,10 @@ template <typename T> T max(T a, T b) { return a < b ? b : a; }
 inline float __expf(float x) { return std::exp(x); }
 inline float __frcp_rn(float x) { return 1.0f / x; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
-// A __shared__ array holds NaN bytes (0xff) when a block starts, as garbage on a GPU would be: a
-// thread reading what no thread of its block wrote sees NaN, not the last block's values.
-struct SharedArray {
-  SharedArray(void* p, size_t n) { std::memset(p, 0xff, n); emu::L.static_shared.emplace_back(p, n); }
-};
-#define EMU_SHARED(decl, name) static decl; static SharedArray emu_shared_##name(&name, sizeof(name))
-#define EMU_DYNAMIC_SHARED(type, name) type* name = reinterpret_cast<type*>(emu::L.dynamic_shared.data())
+// `__shared__ float s[33];` is rewritten to EMU_SHARED(float, s, [33]): the array lives in a guarded
+// mapping and holds NaN bytes (0xff) when a block starts, as garbage on a GPU would be, so a thread
+// reading what no thread of its block wrote sees NaN, not the last block's values.
+#define EMU_SHARED(type, name, dims) \
+  using emu_shared_##name = type dims; \
+  emu_shared_##name& name = emu::shared_array<emu_shared_##name, __COUNTER__>()
+#define EMU_DYNAMIC_SHARED(type, name) type* name = reinterpret_cast<type*>(emu::L.dynamic_shared)

@@ -30,7 +30,10 @@ from kernels import runtime
 HEADER = Path(__file__).with_name("gpu_emulator.h")
 CXX = shutil.which("g++") or shutil.which("c++")
 ARCH = 900  # __CUDA_ARCH__: the sm_80+ paths (PTX conversions) an H100 or H200 runs
-FLAGS = ("-std=c++17", "-O1", "-fPIC", "-shared", "-fvisibility=hidden", "-w", f"-D__CUDA_ARCH__={ARCH}")
+# uninitialised locals filled with a pattern (fresh fiber stacks would read as zeros), every misaligned
+# typed access a trap (a GPU faults on one; x86 would not)
+FLAGS = ("-std=c++17", "-O1", "-fPIC", "-shared", "-fvisibility=hidden", "-w", f"-D__CUDA_ARCH__={ARCH}",
+         "-ftrivial-auto-var-init=pattern", "-fsanitize=alignment", "-fsanitize-undefined-trap-on-error")
 GUARD = 256  # guard bytes before every tensor argument
 CACHE = Path(os.environ.get("GPU_EMULATOR_CACHE", Path(tempfile.gettempdir()) / f"gpu-emulator-{os.getuid()}"))
 SCALARS = {np.int32: ctypes.c_int32, np.int64: ctypes.c_int64, np.float32: ctypes.c_float, np.uint64: ctypes.c_uint64}
@@ -68,7 +71,11 @@ def rewrite(source: str) -> str:
     source = re.sub(r"\basm\((.*?)\);", asm, source, flags=re.S)
     source = re.sub(r"extern\s+__shared__\s+(\w+)\s+(\w+)\s*\[\s*\]\s*;", r"EMU_DYNAMIC_SHARED(\1, \2);", source)
     source = source.replace("reinterpret_cast<", "emu::aligned_cast<")  # vector accesses: alignment checked
-    return re.sub(r"(?<!extern )__shared__\s+(\w+\s+(\w+)\s*(?:\[[^\]]+\]\s*)+);", r"EMU_SHARED(\1, \2);", source)
+    source = re.sub(r"(?<!extern )__shared__\s+(\w+)\s+(\w+)\s*((?:\[[^\]]+\]\s*)+);", r"EMU_SHARED(\1, \2, \3);",
+                    source)
+    if (left := re.search(r".*__shared__.*", re.sub(r"//.*", "", source))):  # a form the rewrites above do not know: refused
+        raise EmulatedKernelError(f"a __shared__ declaration the emulator does not know: {left.group(0).strip()}")
+    return source
 
 
 def translation_unit(source: str, expression: str) -> str:
@@ -86,10 +93,9 @@ def library(source: str, expression: str) -> ctypes.CDLL:
     if CXX is None:
         raise EmulatedKernelError("no C++ compiler (g++) on PATH")
     unit = translation_unit(source, expression)
-    key = hashlib.sha256("\n".join([unit, HEADER.read_text(), *FLAGS]).encode()).hexdigest()[:24]
-    so = CACHE / f"{key}.so"
+    key = hashlib.sha256("\n".join([unit, HEADER.read_text(), *FLAGS, _compiler()]).encode()).hexdigest()[:24]
+    so = _cache() / f"{key}.so"
     if not so.exists():
-        CACHE.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
             src, out = Path(tmp) / "unit.cpp", Path(tmp) / "unit.so"
             src.write_text(unit)
@@ -111,12 +117,27 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 PROT_NONE, PROT_RW, MAP_PRIVATE_ANONYMOUS = 0, 3, 0x22
 
 
+@functools.cache
+def _compiler() -> str:
+    return subprocess.run([CXX, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
+
+
+@functools.cache
+def _cache() -> Path:
+    """CACHE, this user's alone (the libraries in it are loaded into the test process)."""
+    CACHE.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = CACHE.stat()
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise EmulatedKernelError(f"{CACHE} is not this user's alone: set GPU_EMULATOR_CACHE to a private folder")
+    return CACHE
+
+
 @dataclasses.dataclass
 class _Staged:
-    """A tensor argument's bytes in a mapping of their own, ending (to within the 16 bytes of its
-    alignment) at a page no thread may touch: a read or write past the end faults, even one whose
-    value is never used (a row loaded ahead past the last). Before the bytes and in the few after,
-    guard bytes of the argument's own tag."""
+    """A tensor argument's bytes in a mapping of their own, between pages no thread may touch, ending
+    (to within the 16 bytes of its alignment) at the second: a read or write past the end faults, even
+    one whose value is never used (a row loaded ahead past the last). Before the bytes (GUARD of them
+    and more) and in the few after, guard bytes of the argument's own tag."""
     tensor: torch.Tensor
     index: int
     base: int
@@ -129,29 +150,32 @@ class _Staged:
         if not t.is_contiguous():
             raise EmulatedKernelError(f"a non-contiguous tensor {tuple(t.shape)} passed to a kernel")
         nbytes = t.numel() * t.element_size()
-        size = -(-(GUARD + nbytes + 16) // PAGE) * PAGE + PAGE
-        base = _libc.mmap(None, size, PROT_RW, MAP_PRIVATE_ANONYMOUS, -1, 0)
-        if base in (None, ctypes.c_void_p(-1).value):
+        size = -(-(GUARD + nbytes + 16) // PAGE) * PAGE + 2 * PAGE
+        mapped = _libc.mmap(None, size, PROT_RW, MAP_PRIVATE_ANONYMOUS, -1, 0)
+        if mapped in (None, ctypes.c_void_p(-1).value):
             raise MemoryError(f"mmap of {size} bytes: errno {ctypes.get_errno()}")
-        end = base + size - PAGE
+        base, end = mapped + PAGE, mapped + size - PAGE
         start = end - nbytes
         start -= (start - t.data_ptr()) % 16  # the alignment the wrappers chose vector widths by
         ctypes.memmove(base, _guard(base, end - base, index), end - base)
         ctypes.memmove(start, t.data_ptr(), nbytes)
+        _libc.mprotect(mapped, PAGE, PROT_NONE)
         _libc.mprotect(end, PAGE, PROT_NONE)
-        return cls(t, index, base, size, start, nbytes)
+        return cls(t, index, mapped, size, start, nbytes)
 
     def owns(self, address: int) -> bool:
         return self.base <= address < self.base + self.size
 
-    def finish(self, expression: str) -> None:
-        """Checks the guard bytes and copies the bytes back into the tensor."""
-        end = self.base + self.size - PAGE
-        want, now = _guard(self.base, end - self.base, self.index), ctypes.string_at(self.base, end - self.base)
-        head, tail = self.start - self.base, self.start - self.base + self.nbytes
+    def check(self, expression: str) -> None:
+        """Raises if the kernel wrote a guard byte."""
+        base, end = self.base + PAGE, self.base + self.size - PAGE
+        want, now = _guard(base, end - base, self.index), ctypes.string_at(base, end - base)
+        head, tail = self.start - base, self.start - base + self.nbytes
         if now[:head] != want[:head] or now[tail:] != want[tail:]:
             raise EmulatedKernelError(f"{expression} wrote outside argument {self.index} ({tuple(self.tensor.shape)} "
                                       f"{self.tensor.dtype})")
+
+    def copy_back(self) -> None:
         ctypes.memmove(self.tensor.data_ptr(), self.start, self.nbytes)
 
     def release(self) -> None:
@@ -200,13 +224,16 @@ class Emulator:
             if rc:
                 why = error.value.decode()
                 if (m := re.match(r"fault at address (0x[0-9a-f]+)", why)):
-                    owner = [s for s in staged if s.owns(int(m.group(1), 16))]
-                    if owner:
-                        t = owner[0].tensor
-                        why += f": past the end of argument {owner[0].index} ({tuple(t.shape)} {t.dtype})"
+                    address = int(m.group(1), 16)
+                    for s in staged:
+                        if s.owns(address):
+                            side = "past the end" if address >= s.start else "before the start"
+                            why += f": {side} of argument {s.index} ({tuple(s.tensor.shape)} {s.tensor.dtype})"
                 raise EmulatedKernelError(f"{expression} grid {grid3} block {block3}: {why}")
+            for s in staged:  # every guard checked before any tensor changes
+                s.check(expression)
             for s in staged:
-                s.finish(expression)
+                s.copy_back()
         finally:
             for s in staged:
                 s.release()
@@ -230,6 +257,10 @@ def emulated(monkeypatch, multiprocessors: int = 2, registers: int = 128, seed: 
     """The fused wrappers on CPU tensors, launching the emulator: a GPU of `multiprocessors`, every
     kernel compiled to `registers` per thread (small grids, so blocks and warps stride over rows)."""
     emu = Emulator(seed)
+    # torch.empty then fills with NaN, as a GPU's uninitialised memory would hold garbage: an element a
+    # kernel failed to write shows, where CPU memory would often hold zeros or the right stale value
+    deterministic = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
     monkeypatch.setattr(runtime, "launch", emu.launch)
     monkeypatch.setattr(runtime, "supports", _supports)
     monkeypatch.setattr(runtime, "multiprocessors", lambda device: multiprocessors)
@@ -240,3 +271,4 @@ def emulated(monkeypatch, multiprocessors: int = 2, registers: int = 128, seed: 
         yield emu
     finally:
         runtime.row_layout.cache_clear()
+        torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
