@@ -75,6 +75,8 @@ struct Launch {
   void* fault_address = nullptr;
   int fault_thread = -1;
   struct sigaction old[4];
+  stack_t old_alt;
+  std::vector<char> alt_stack = std::vector<char>(1 << 16);  // the fault handler's: a fiber's may be exhausted
 };
 constexpr int SIGNALS[4] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL};
 inline Launch L;
@@ -158,7 +160,7 @@ inline void run_block(unsigned threads) {
     Fiber& f = L.fibers[t];
     f.idx = dim3{t % blockDim.x, (t / blockDim.x) % blockDim.y, t / (blockDim.x * blockDim.y)};
     getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = L.stacks + (size_t)t * L.stack_bytes;
+    f.ctx.uc_stack.ss_sp = L.stacks + (size_t)t * (L.stack_bytes + 4096) + 4096;  // above its guard page
     f.ctx.uc_stack.ss_size = L.stack_bytes;
     f.ctx.uc_link = &L.scheduler;
     makecontext(&f.ctx, trampoline, 0);
@@ -315,7 +317,11 @@ std::string launch(void (*kernel)(A...), const unsigned* grid, const unsigned* b
       return "argument " + std::to_string(i) + " is " + std::to_string(sizes[i]) + " bytes, the kernel's parameter " +
              std::to_string(expected[i]);
   const unsigned threads = block[0] * block[1] * block[2];
-  if (threads == 0 || threads > 1024) return "block of " + std::to_string(threads) + " threads";
+  if (threads == 0 || threads > 1024 || block[2] > 64) return "a block of " + std::to_string(block[0]) + " x " +
+    std::to_string(block[1]) + " x " + std::to_string(block[2]) + " threads: a GPU launches at most 1024, z at most 64";
+  if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0 || grid[0] > 2147483647u || grid[1] > 65535 || grid[2] > 65535)
+    return "a grid of " + std::to_string(grid[0]) + " x " + std::to_string(grid[1]) + " x " + std::to_string(grid[2]) +
+           ": a GPU's limits are 2^31 - 1 x 65535 x 65535, none 0";
   Closure<A...> closure{kernel, args};
   L.body = run_closure<A...>;
   L.closure = &closure;
@@ -327,10 +333,11 @@ std::string launch(void (*kernel)(A...), const unsigned* grid, const unsigned* b
   L.dynamic_bytes = shared_bytes;
   L.dynamic_shared = guarded(shared_bytes, &L.dynamic_map);
   if (!L.dynamic_shared) return "no memory for dynamic shared memory";
-  L.stack_bytes = 256 * 1024;
-  L.stacks_size = L.stack_bytes * threads;
+  L.stack_bytes = 256 * 1024;  // each below a page no fiber may touch: an overflow faults, not overwrites
+  L.stacks_size = (L.stack_bytes + 4096) * threads;
   L.stacks = (char*)mmap(nullptr, L.stacks_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (L.stacks == MAP_FAILED) return "no memory for the threads' stacks";
+  for (unsigned t = 0; t < threads; ++t) mprotect(L.stacks + (size_t)t * (L.stack_bytes + 4096), 4096, PROT_NONE);
   blockDim = dim3{block[0], block[1], block[2]};
   gridDim = dim3{grid[0], grid[1], grid[2]};
   L.faulted = 0;
@@ -338,7 +345,11 @@ std::string launch(void (*kernel)(A...), const unsigned* grid, const unsigned* b
   struct sigaction on;
   std::memset(&on, 0, sizeof on);
   on.sa_sigaction = on_fault;
-  on.sa_flags = SA_SIGINFO;
+  on.sa_flags = SA_SIGINFO | SA_ONSTACK;
+  stack_t alt{};
+  alt.ss_sp = L.alt_stack.data();
+  alt.ss_size = L.alt_stack.size();
+  sigaltstack(&alt, &L.old_alt);
   for (int i = 0; i < 4; ++i) sigaction(SIGNALS[i], &on, &L.old[i]);
   // blocks in an order drawn from the seed: no kernel may depend on which block runs first
   std::vector<dim3> blocks;
@@ -351,6 +362,7 @@ std::string launch(void (*kernel)(A...), const unsigned* grid, const unsigned* b
     run_block(threads);
   }
   for (int i = 0; i < 4; ++i) sigaction(SIGNALS[i], &L.old[i], nullptr);
+  sigaltstack(&L.old_alt, nullptr);
   munmap(L.stacks, L.stacks_size);
   munmap(L.dynamic_map.first, L.dynamic_map.second);
   return L.error;

@@ -31,9 +31,10 @@ HEADER = Path(__file__).with_name("gpu_emulator.h")
 CXX = shutil.which("g++") or shutil.which("c++")
 ARCH = 900  # __CUDA_ARCH__: the sm_80+ paths (PTX conversions) an H100 or H200 runs
 # uninitialised locals filled with a pattern (fresh fiber stacks would read as zeros), every misaligned
-# typed access a trap (a GPU faults on one; x86 would not)
+# typed access a trap (a GPU faults on one; x86 would not), stack frames probed page by page
 FLAGS = ("-std=c++17", "-O1", "-fPIC", "-shared", "-fvisibility=hidden", "-w", f"-D__CUDA_ARCH__={ARCH}",
-         "-ftrivial-auto-var-init=pattern", "-fsanitize=alignment", "-fsanitize-undefined-trap-on-error")
+         "-ftrivial-auto-var-init=pattern", "-fsanitize=alignment", "-fsanitize-undefined-trap-on-error",
+         "-fstack-clash-protection")  # a frame larger than a thread's stack touches its guard page
 GUARD = 256  # guard bytes before every tensor argument
 CACHE = Path(os.environ.get("GPU_EMULATOR_CACHE", Path(tempfile.gettempdir()) / f"gpu-emulator-{os.getuid()}"))
 SCALARS = {np.int32: ctypes.c_int32, np.int64: ctypes.c_int64, np.float32: ctypes.c_float, np.uint64: ctypes.c_uint64}

@@ -156,6 +156,16 @@ __global__ void overrun(float* y, int n) {
         run(overrun, "overrun", (32,), y, runtime.i32(2), shared=128)  # past both arrays' ends
     with pytest.raises(EmulatedKernelError, match="over 48 KB needs an opt-in"):
         run(overrun, "overrun", (32,), y, runtime.i32(1), shared=49 * 1024)
+    with pytest.raises(EmulatedKernelError, match="a grid of 1 x 65536 x 1"):
+        run(overrun, "overrun", (32,), y, runtime.i32(1), grid=(1, 65536))
+    deep = """
+__global__ void deep(float* y) {  // 400 KB of locals: more than a thread's 256 KB stack
+  volatile float big[100000];
+  big[threadIdx.x * 3000] = 1.f;
+  y[threadIdx.x] = big[threadIdx.x * 3000];
+}"""
+    with pytest.raises(EmulatedKernelError, match="fault at address"):
+        run(deep, "deep", (32,), y)
     divide = "__global__ void divide(int* y, int by) { y[threadIdx.x] = 7 / by; }"
     with pytest.raises(EmulatedKernelError, match="arithmetic trap"):
         run(divide, "divide", (32,), torch.empty(32, dtype=torch.int32), runtime.i32(0))
