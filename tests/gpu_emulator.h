@@ -6,9 +6,10 @@
 // warps, lanes and blocks in an order drawn from the seed. So a missing barrier between two threads'
 // accesses to shared memory, a barrier not every live thread reaches (deadlock), a shuffle in a warp
 // with exited lanes, and a block that reads shared memory no thread of it wrote (NaN bytes) all show.
-// Not shown: races within one barrier interval (a thread runs from one barrier to the next without a
-// switch, so two threads' unsynchronised read-modify-writes of one word never lose an update), and
-// what only the hardware decides: timing, caches, register limits, FMA contraction, __expf's error.
+// A thread runs from one barrier to the next without a switch, so two threads' unsynchronised
+// read-modify-writes of one word never lose an update here: built with races (gpu_emulator_races.h),
+// every shared-memory access is checked against the others of its barrier interval instead. Not
+// emulated: what only the hardware decides: timing, caches, register limits, FMA contraction, __expf.
 // Blocks run one at a time; shared memory (static and dynamic) lives in mappings that end at a page
 // no thread may touch, so an overrun faults.
 #pragma once
@@ -65,6 +66,7 @@ struct Launch {
   size_t stack_bytes = 0, stacks_size = 0;
   unsigned long long rng = 1;
   bool greedy = true;
+  unsigned long long block_serial = 0;  // blocks run so far: with the block barrier's generation, an interval
   std::string error;
   unsigned char* dynamic_shared = nullptr;  // this launch's, in `dynamic_map`
   size_t dynamic_bytes = 0;
@@ -148,6 +150,7 @@ inline bool waiting(const Fiber& f) {
 }
 
 inline void run_block(unsigned threads) {
+  ++L.block_serial;
   L.fibers.assign(threads, Fiber{});
   const unsigned nwarps = (threads + 31) / 32;
   L.warps.assign(nwarps, Barrier{});
@@ -269,6 +272,9 @@ inline unsigned short ptx_cvt_rn_bf16_f32(float v) { return bf16_rn(v); }
 // d = {a -> upper half, b -> lower half} (PTX ISA, cvt with .bf16x2)
 inline unsigned ptx_cvt_rn_bf16x2_f32(float a, float b) { return ((unsigned)bf16_rn(a) << 16) | bf16_rn(b); }
 
+inline void watch(void* p, size_t bytes);  // gpu_emulator_races.h: shared memory to check for races
+inline void unwatch(void* p);
+
 // `bytes`, 16-byte aligned, in a mapping of their own (`map`: its address and size) that ends, to
 // within 16 bytes, at a page no thread may touch.
 inline unsigned char* guarded(size_t bytes, std::pair<void*, size_t>* map = nullptr) {
@@ -286,10 +292,12 @@ T& shared_array() {  // a __shared__ array, once per declaration, refilled with 
     unsigned char* q = guarded(sizeof(T));
     std::memset(q, 0xff, sizeof(T));
     L.static_shared.emplace_back(q, sizeof(T));
+    watch(q, sizeof(T));
     return q;
   }();
   return *reinterpret_cast<T*>(p);
 }
+
 
 template <typename... A, size_t... I>
 void call(void (*kernel)(A...), void** args, std::index_sequence<I...>) {
@@ -333,6 +341,7 @@ std::string launch(void (*kernel)(A...), const unsigned* grid, const unsigned* b
   L.dynamic_bytes = shared_bytes;
   L.dynamic_shared = guarded(shared_bytes, &L.dynamic_map);
   if (!L.dynamic_shared) return "no memory for dynamic shared memory";
+  watch(L.dynamic_shared, shared_bytes);
   L.stack_bytes = 256 * 1024;  // each below a page no fiber may touch: an overflow faults, not overwrites
   L.stacks_size = (L.stack_bytes + 4096) * threads;
   L.stacks = (char*)mmap(nullptr, L.stacks_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -364,6 +373,7 @@ std::string launch(void (*kernel)(A...), const unsigned* grid, const unsigned* b
   for (int i = 0; i < 4; ++i) sigaction(SIGNALS[i], &L.old[i], nullptr);
   sigaltstack(&L.old_alt, nullptr);
   munmap(L.stacks, L.stacks_size);
+  unwatch(L.dynamic_shared);
   munmap(L.dynamic_map.first, L.dynamic_map.second);
   return L.error;
 }
@@ -393,3 +403,6 @@ inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
   using emu_shared_##name = type dims; \
   emu_shared_##name& name = emu::shared_array<emu_shared_##name, __COUNTER__>()
 #define EMU_DYNAMIC_SHARED(type, name) type* name = reinterpret_cast<type*>(emu::L.dynamic_shared)
+
+
+#include "gpu_emulator_races.h"

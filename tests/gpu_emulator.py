@@ -3,7 +3,8 @@ after tests/gpu_emulator.h (CUDA threads as fibers, barriers and warp shuffles e
 through the same Python wrappers as on a GPU, with `runtime.launch` swapped for `launch` below.
 
 This checks what can be wrong without a GPU in sight: indexing, the rows and columns each thread and
-block takes, barriers, shuffles, template logic and the wrappers' launch shapes. Every tensor argument
+block takes, barriers, shuffles, races in shared memory (races=True), template logic and the wrappers'
+launch shapes. Every tensor argument
 is copied into a mapping of its own that ends at a protected page (a read or write past the end
 faults), after guard bytes (NaN in every float type, tagged per argument: a write before it raises, a
 read before it shows as NaN). It does not replace tests/test_kernels_gpu.py: timing, NVRTC, the fp32
@@ -32,7 +33,7 @@ CXX = shutil.which("g++") or shutil.which("c++")
 ARCH = 900  # __CUDA_ARCH__: the sm_80+ paths (PTX conversions) an H100 or H200 runs
 # uninitialised locals filled with a pattern (fresh fiber stacks would read as zeros), every misaligned
 # typed access a trap (a GPU faults on one; x86 would not), stack frames probed page by page
-FLAGS = ("-std=c++17", "-O1", "-fPIC", "-shared", "-fvisibility=hidden", "-w", f"-D__CUDA_ARCH__={ARCH}",
+FLAGS = ("-std=c++17", "-O1", "-fPIC", "-fvisibility=hidden", "-w", f"-D__CUDA_ARCH__={ARCH}",
          "-ftrivial-auto-var-init=pattern", "-fsanitize=alignment", "-fsanitize-undefined-trap-on-error",
          "-fstack-clash-protection")  # a frame larger than a thread's stack touches its guard page
 GUARD = 256  # guard bytes before every tensor argument
@@ -88,19 +89,29 @@ def translation_unit(source: str, expression: str) -> str:
             '  snprintf(error, error_len, "%s", e.c_str());\n  return e.empty() ? 0 : 1;\n}\n')
 
 
+# with races=True: every load and store calls the header's __tsan_* hooks, which check shared memory
+# for races; compiled, then linked apart, so that no TSan runtime comes with it
+RACE_FLAGS = ("-fsanitize=thread", "-DEMU_RACES")
+
+
 @functools.cache
-def library(source: str, expression: str) -> ctypes.CDLL:
+def library(source: str, expression: str, races: bool = False) -> ctypes.CDLL:
     """`expression` of CUDA `source` compiled into a shared library (kept in CACHE by the hash of its text)."""
     if CXX is None:
         raise EmulatedKernelError("no C++ compiler (g++) on PATH")
     unit = translation_unit(source, expression)
-    key = hashlib.sha256("\n".join([unit, HEADER.read_text(), *FLAGS, _compiler()]).encode()).hexdigest()[:24]
+    flags = FLAGS + (RACE_FLAGS if races else ())
+    headers = [h.read_text() for h in sorted(HEADER.parent.glob("gpu_emulator*.h"))]
+    key = hashlib.sha256("\n".join([unit, *headers, *flags, _compiler()]).encode()).hexdigest()[:24]
     so = _cache() / f"{key}.so"
     if not so.exists():
         with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
             src, out = Path(tmp) / "unit.cpp", Path(tmp) / "unit.so"
             src.write_text(unit)
-            done = subprocess.run([CXX, *FLAGS, str(src), "-o", str(out)], capture_output=True, text=True)
+            obj = Path(tmp) / "unit.o"
+            done = subprocess.run([CXX, *flags, "-c", str(src), "-o", str(obj)], capture_output=True, text=True)
+            if not done.returncode:
+                done = subprocess.run([CXX, "-shared", str(obj), "-o", str(out)], capture_output=True, text=True)
             if done.returncode:
                 raise EmulatedKernelError(f"{expression} does not compile for the emulator:\n{done.stderr[-4000:]}")
             os.replace(out, so)  # atomic: parallel test workers may compile the same instantiation
@@ -195,8 +206,8 @@ def _guard(address: int, size: int, index: int) -> bytes:
 class Emulator:
     """runtime.launch's stand-in. `seed` orders the fibers (threads) each scheduling round."""
 
-    def __init__(self, seed: int = 0):
-        self.seed = seed
+    def __init__(self, seed: int = 0, races: bool = False):
+        self.seed, self.races = seed, races
         self.launches: list[tuple[str, tuple, tuple]] = []
 
     def launch(self, file, expression, grid, block, args, shared_mem=0, max_regs=0) -> None:
@@ -204,7 +215,7 @@ class Emulator:
         self.run(runtime.source(file), expression, grid, block, args, shared_mem)
 
     def run(self, source: str, expression: str, grid, block, args, shared_mem: int = 0) -> None:
-        lib = library(source, expression)
+        lib = library(source, expression, self.races)
         staged, values = [], []
         try:
             for a in args:
@@ -254,10 +265,11 @@ def _supports(*tensors: torch.Tensor) -> bool:  # runtime.supports on CPU tensor
 
 
 @contextlib.contextmanager
-def emulated(monkeypatch, multiprocessors: int = 2, registers: int = 128, seed: int = 0):
+def emulated(monkeypatch, multiprocessors: int = 2, registers: int = 128, seed: int = 0, races: bool = False):
     """The fused wrappers on CPU tensors, launching the emulator: a GPU of `multiprocessors`, every
-    kernel compiled to `registers` per thread (small grids, so blocks and warps stride over rows)."""
-    emu = Emulator(seed)
+    kernel compiled to `registers` per thread (small grids, so blocks and warps stride over rows);
+    `races`: shared memory checked for races (slower)."""
+    emu = Emulator(seed, races)
     # torch.empty then fills with NaN, as a GPU's uninitialised memory would hold garbage: an element a
     # kernel failed to write shows, where CPU memory would often hold zeros or the right stale value
     deterministic = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
