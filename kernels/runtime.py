@@ -48,8 +48,13 @@ def supports(*tensors: torch.Tensor) -> bool:
     """The fused path takes contiguous CUDA tensors of one of the three float types, all the same (an
     optional tensor left out, e.g. LayerNorm's bias=None, is the reference path's)."""
     first = tensors[0]
-    return (all(t is not None for t in tensors) and fused_available() and first.is_cuda and first.dtype in CUDA_TYPE
-            and first.numel() > 0 and all(t.is_cuda and t.dtype == first.dtype and t.is_contiguous() for t in tensors))
+    return (all(t is not None for t in tensors) and fused_available() and first.dtype in CUDA_TYPE
+            and first.numel() > 0 and all(on_device(t) and t.dtype == first.dtype and t.is_contiguous() for t in tensors))
+
+
+def on_device(t: torch.Tensor) -> bool:
+    """Whether a tensor is where the kernels run: a CUDA device (tests/gpu_emulator.py makes it the CPU)."""
+    return t.is_cuda
 
 
 @functools.cache

@@ -75,7 +75,6 @@ struct Launch {
   volatile sig_atomic_t faulted = 0;  // a thread touched a protected page, or trapped
   int fault_signal = 0;
   void* fault_address = nullptr;
-  int fault_thread = -1;
   struct sigaction old[4];
   stack_t old_alt;
   std::vector<char> alt_stack = std::vector<char>(1 << 16);  // the fault handler's: a fiber's may be exhausted
@@ -101,9 +100,18 @@ inline std::string where() {
   return b;
 }
 
+// Opens `b` if every live member has arrived (the last to arrive, or a member exiting, completes it).
+inline bool open_if_complete(Barrier& b) {
+  if (b.arrived == 0 || b.arrived != b.live) return false;
+  b.arrived = 0;
+  ++b.gen;
+  return true;
+}
+
 // Arrive at a barrier; the last to arrive opens it and goes on, the others wait to be resumed.
 inline void arrive(Barrier& b, int kind) {
-  if (++b.arrived == b.live) { b.arrived = 0; ++b.gen; return; }
+  ++b.arrived;
+  if (open_if_complete(b)) return;
   Fiber& f = L.fibers[L.current];
   f.wait = kind;
   f.gen = b.gen;
@@ -117,7 +125,7 @@ inline void exit_fiber() {  // a returned thread no longer counts at its block's
   Barrier* bs[2] = {&L.block, &warp};
   for (Barrier* b : bs) {
     --b->live;
-    if (b->arrived > 0 && b->arrived == b->live) { b->arrived = 0; ++b->gen; }
+    open_if_complete(*b);
   }
   L.fibers[L.current].done = true;
 }
@@ -134,7 +142,6 @@ inline void on_fault(int sig, siginfo_t* info, void*) {
   L.faulted = 1;
   L.fault_signal = sig;
   L.fault_address = info->si_addr;
-  L.fault_thread = L.current;
   setcontext(&L.scheduler);  // back into run_block, as if the fiber had yielded
 }
 
@@ -147,6 +154,23 @@ inline bool waiting(const Fiber& f) {
   if (f.wait == 1) return L.block.gen == f.gen;
   if (f.wait == 2) return L.warps[(&f - L.fibers.data()) / 32].gen == f.gen;
   return false;
+}
+
+// What on_fault caught in thread `t`, and, where the address tells, the shared memory it ran past.
+inline std::string fault_message(unsigned t) {
+  char b[192];
+  const char* what = L.fault_signal == SIGFPE   ? "arithmetic trap (integer division by zero?)"
+                     : L.fault_signal == SIGILL ? "trap (a misaligned access, under -fsanitize=alignment)"
+                                                : "fault";
+  snprintf(b, sizeof b, "%s at address %p in block (%u,%u,%u) thread %u", what, L.fault_address, blockIdx.x,
+           blockIdx.y, blockIdx.z, t);
+  std::string message = b;
+  auto* at = (unsigned char*)L.fault_address;
+  auto within = [&](void* p, size_t n) { return at >= (unsigned char*)p && at < (unsigned char*)p + n; };
+  if (within(L.dynamic_map.first, L.dynamic_map.second)) message += ": past the end of dynamic shared memory";
+  for (auto& [p, n] : L.static_shared)
+    if (within(p, n + 16 + 4096)) message += ": past the end of a __shared__ array";
+  return message;
 }
 
 inline void run_block(unsigned threads) {
@@ -192,20 +216,7 @@ inline void run_block(unsigned threads) {
           threadIdx = f.idx;
           swapcontext(&L.scheduler, &f.ctx);
           L.current = -1;
-          if (L.faulted) {
-            char b[192];
-            const char* what = L.fault_signal == SIGFPE ? "arithmetic trap (integer division by zero?)"
-                               : L.fault_signal == SIGILL ? "trap (a misaligned access, under -fsanitize=alignment)"
-                                                          : "fault";
-            snprintf(b, sizeof b, "%s at address %p in block (%u,%u,%u) thread %d", what, L.fault_address,
-                     blockIdx.x, blockIdx.y, blockIdx.z, L.fault_thread);
-            L.error = b;
-            auto* at = (unsigned char*)L.fault_address;
-            auto within = [&](void* p, size_t n) { return at >= (unsigned char*)p && at < (unsigned char*)p + n; };
-            if (within(L.dynamic_map.first, L.dynamic_map.second)) L.error += ": past the end of dynamic shared memory";
-            for (auto& [p, n] : L.static_shared)
-              if (within(p, n + 16 + 4096)) L.error += ": past the end of a __shared__ array";
-          }
+          if (L.faulted) L.error = fault_message(t);
           ran = progress = true;
           if (!L.error.empty()) return;
           if (f.done) --live;

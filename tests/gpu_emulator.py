@@ -4,10 +4,9 @@ through the same Python wrappers as on a GPU, with `runtime.launch` swapped for 
 
 This checks what can be wrong without a GPU in sight: indexing, the rows and columns each thread and
 block takes, barriers, shuffles, races in shared memory (races=True), template logic and the wrappers'
-launch shapes. Every tensor argument
-is copied into a mapping of its own that ends at a protected page (a read or write past the end
-faults), after guard bytes (NaN in every float type, tagged per argument: a write before it raises, a
-read before it shows as NaN). It does not replace tests/test_kernels_gpu.py: timing, NVRTC, the fp32
+launch shapes. Every tensor argument is copied into a mapping of its own that ends at a protected page
+(a read or write past the end faults), after guard bytes (NaN in every float type, tagged per argument:
+a write before it raises, a read before it shows as NaN). It does not replace tests/test_kernels_gpu.py: timing, NVRTC, the fp32
 contraction nvcc does (FMA) and the hardware's exp are the GPU's."""
 from __future__ import annotations
 
@@ -62,7 +61,8 @@ def rewrite(source: str) -> str:
     """CUDA text the host compiler takes: each inline PTX statement becomes a call of its emulation
     (emu::ptx_cvt_rn_bf16_f32 for `cvt.rn.bf16.f32`), `__shared__` arrays are refilled with NaN bytes
     at each block's start, `extern __shared__` ones point into the launch's dynamic shared memory, and
-    every reinterpret_cast (the vector accesses) checks its alignment. An asm statement of another form is refused, not skipped."""
+    every reinterpret_cast (the vector accesses) checks its alignment. An asm statement or a
+    `__shared__` declaration of another form is refused, not skipped."""
     def asm(m: re.Match) -> str:
         parts = re.fullmatch(r'\s*"([^"]*)"\s*:(.*?):(.*)', m.group(1), re.S)
         if not parts or not parts.group(1).startswith("cvt."):
@@ -75,7 +75,7 @@ def rewrite(source: str) -> str:
     source = source.replace("reinterpret_cast<", "emu::aligned_cast<")  # vector accesses: alignment checked
     source = re.sub(r"(?<!extern )__shared__\s+(\w+)\s+(\w+)\s*((?:\[[^\]]+\]\s*)+);", r"EMU_SHARED(\1, \2, \3);",
                     source)
-    if (left := re.search(r".*__shared__.*", re.sub(r"//.*", "", source))):  # a form the rewrites above do not know: refused
+    if (left := re.search(r".*__shared__.*", re.sub(r"//.*", "", source))):
         raise EmulatedKernelError(f"a __shared__ declaration the emulator does not know: {left.group(0).strip()}")
     return source
 
@@ -258,12 +258,6 @@ class _Compiled:  # what runtime.resident reads of a compiled kernel
     max_threads_per_block: int = 1024
 
 
-def _supports(*tensors: torch.Tensor) -> bool:  # runtime.supports on CPU tensors
-    first = tensors[0]
-    return (all(t is not None for t in tensors) and first.dtype in runtime.CUDA_TYPE and first.numel() > 0
-            and all(t.dtype == first.dtype and t.is_contiguous() for t in tensors))
-
-
 @contextlib.contextmanager
 def emulated(monkeypatch, multiprocessors: int = 2, registers: int = 128, seed: int = 0, races: bool = False):
     """The fused wrappers on CPU tensors, launching the emulator: a GPU of `multiprocessors`, every
@@ -275,7 +269,8 @@ def emulated(monkeypatch, multiprocessors: int = 2, registers: int = 128, seed: 
     deterministic = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     torch.use_deterministic_algorithms(True, warn_only=True)
     monkeypatch.setattr(runtime, "launch", emu.launch)
-    monkeypatch.setattr(runtime, "supports", _supports)
+    monkeypatch.setattr(runtime, "fused_available", lambda: True)  # runtime.supports then takes CPU tensors
+    monkeypatch.setattr(runtime, "on_device", lambda t: t.device.type == "cpu")
     monkeypatch.setattr(runtime, "multiprocessors", lambda device: multiprocessors)
     monkeypatch.setattr(runtime, "_function", lambda *a, **k: _Compiled(registers))
     monkeypatch.setattr(runtime, "_shared_per_sm", lambda device: 228 * 1024)

@@ -122,13 +122,19 @@ def causal_softmax(device, dtype, shape):
     assert (y[..., above] == 0).all() and (dx[..., above] == 0).all(), "zeros above the diagonal"
 
 
-def linear_cross_entropy(device, dtype, tokens, vocab, hidden, chunk, reduction):
+def cross_entropy_inputs(device, dtype, tokens, vocab, hidden):
+    """(hidden, weight, targets, incoming gradient) of a cross-entropy check."""
     h = torch.randn(tokens, hidden, device=device, dtype=dtype)
     w = torch.randn(vocab, hidden, device=device, dtype=dtype) * 0.1
     t = torch.randint(0, vocab, (tokens,), device=device)
     t[::7] = -100  # ignored positions: no loss, no gradient
     t[3::11], t[5::13] = vocab + 5, -1  # in no slice: masked, as Megatron masks them
     g = torch.tensor(1 / 3, device=device)  # an incoming gradient that is not 1 (nor exact in bf16)
+    return h, w, t, g
+
+
+def linear_cross_entropy(device, dtype, tokens, vocab, hidden, chunk, reduction):
+    h, w, t, g = cross_entropy_inputs(device, dtype, tokens, vocab, hidden)
 
     def fused(h, w):
         return FusedLinearCrossEntropy.apply(h, w, t, -100, reduction, chunk, None, 0, True)

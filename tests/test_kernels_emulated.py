@@ -375,13 +375,8 @@ def _vocab_parallel_rank(rank: int, init: str, queue) -> None:
     with pytest.MonkeyPatch.context() as mp, emulated(mp, seed=rank, races=True):
         for dtype in (torch.float32, torch.bfloat16):
             torch.manual_seed(0)
-            tokens, vocab, hidden = 77, 1000, 64
-            h = torch.randn(tokens, hidden, dtype=dtype)
-            w = torch.randn(vocab, hidden, dtype=dtype) * 0.1
-            t = torch.randint(0, vocab, (tokens,))
-            t[::7] = -100
-            t[3::11], t[5::13] = vocab + 5, -1
-            g = torch.tensor(1 / 3)
+            vocab = 1000
+            h, w, t, g = check.cross_entropy_inputs("cpu", dtype, 77, vocab, 64)
             half = slice(rank * vocab // 2, (rank + 1) * vocab // 2)
             loss, (dh, dw) = grads(lambda h, w: FusedLinearCrossEntropy.apply(
                 h, w, t, -100, "mean", 30, dist.group.WORLD, half.start, True), [h, w[half]], g)
