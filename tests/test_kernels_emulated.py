@@ -318,6 +318,11 @@ def test_linear_cross_entropy(gpu, dtype, tokens, vocab, hidden, chunk, reductio
     check.linear_cross_entropy("cpu", dtype, tokens, vocab, hidden, chunk, reduction)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cross_entropy_weight_gradient_keeps_its_precision_over_chunks(monkeypatch, dtype):
+    with emulated(monkeypatch):  # the kernels are race-checked above
+        check.weight_gradient_over_chunks("cpu", dtype)
+
 @pytest.mark.parametrize("dtype,attention", [(torch.float32, "softmax"), (torch.float32, "sdpa"),
                                              (torch.float16, "softmax")])
 def test_training_step_matches_reference(monkeypatch, dtype, attention):

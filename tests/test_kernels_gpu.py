@@ -92,6 +92,11 @@ def test_linear_cross_entropy(dtype, tokens, vocab, hidden, chunk, reduction):
     check.linear_cross_entropy("cuda", dtype, tokens, vocab, hidden, chunk, reduction)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cross_entropy_weight_gradient_keeps_its_precision_over_chunks(dtype):
+    check.weight_gradient_over_chunks("cuda", dtype)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cross_entropy_backward_multiplies_the_incoming_gradient_in_fp32(dtype):
     """DeepSpeed's backward passes 1/gradient-accumulation-steps to the loss: the gradients at 1/3 are the
