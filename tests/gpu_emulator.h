@@ -1,6 +1,6 @@
 // The CUDA device side, emulated on the CPU, for running the kernels of kernels/cuda/ without a GPU
 // (tests/gpu_emulator.py compiles a kernel source after this header with the host C++ compiler).
-// Every CUDA thread of a block is a fiber (ucontext) on one OS thread; a fiber runs until it waits at
+// Every CUDA thread of a block is a fiber (a stack of its own, gpu_emulator_switch.h) on one OS thread; a fiber runs until it waits at
 // __syncthreads or at a warp shuffle, and the scheduler resumes the fibers whose barrier has opened:
 // one warp as far as it gets, then another (even seeds), or every thread once a round (odd seeds),
 // warps, lanes and blocks in an order drawn from the seed. So a missing barrier between two threads'
@@ -13,7 +13,6 @@
 // Blocks run one at a time; shared memory (static and dynamic) lives in mappings that end at a page
 // no thread may touch, so an overrun faults.
 #pragma once
-#include <ucontext.h>
 #include <sys/mman.h>
 
 #include <csignal>
@@ -27,6 +26,8 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#include "gpu_emulator_switch.h"
 
 #define __global__
 #define __device__
@@ -42,7 +43,7 @@ constexpr int warpSize = 32;
 namespace emu {
 
 struct Fiber {
-  ucontext_t ctx;
+  Context ctx;
   dim3 idx;
   int wait = 0;  // 0: runnable, 1: at __syncthreads, 2: at its warp's barrier
   unsigned gen = 0;  // the barrier generation it waits to see pass
@@ -61,7 +62,7 @@ struct Launch {
   std::vector<unsigned long long> lanes;  // shuffle exchange: 32 per warp
   Barrier block;
   int current = -1;
-  ucontext_t scheduler;
+  Context scheduler;
   char* stacks = nullptr;
   size_t stack_bytes = 0, stacks_size = 0;
   unsigned long long rng = 1;
@@ -90,7 +91,7 @@ inline unsigned long long next_random() {  // xorshift64*
 inline void fail(const std::string& why) {
   if (L.error.empty()) L.error = why;
   // park the fiber for good: the scheduler stops at the first error
-  swapcontext(&L.fibers[L.current].ctx, &L.scheduler);
+  switch_context(L.fibers[L.current].ctx, L.scheduler);
 }
 
 inline std::string where() {
@@ -115,7 +116,7 @@ inline void arrive(Barrier& b, int kind) {
   Fiber& f = L.fibers[L.current];
   f.wait = kind;
   f.gen = b.gen;
-  swapcontext(&f.ctx, &L.scheduler);
+  switch_context(f.ctx, L.scheduler);
 }
 
 inline void exit_fiber() {  // a returned thread no longer counts at its block's or warp's barriers
@@ -142,12 +143,18 @@ inline void on_fault(int sig, siginfo_t* info, void*) {
   L.faulted = 1;
   L.fault_signal = sig;
   L.fault_address = info->si_addr;
-  setcontext(&L.scheduler);  // back into run_block, as if the fiber had yielded
+  sigset_t caught;  // blocked while its handler runs, which is left here for good
+  sigemptyset(&caught);
+  sigaddset(&caught, sig);
+  sigprocmask(SIG_UNBLOCK, &caught, nullptr);
+  Context abandoned;
+  switch_context(abandoned, L.scheduler);  // back into run_block, as if the fiber had yielded
 }
 
 inline void trampoline() {
   L.body(L.closure);
-  exit_fiber();  // uc_link returns to the scheduler
+  exit_fiber();
+  switch_context(L.fibers[L.current].ctx, L.scheduler);  // done: never resumed
 }
 
 inline bool waiting(const Fiber& f) {
@@ -186,11 +193,8 @@ inline void run_block(unsigned threads) {
   for (unsigned t = 0; t < threads; ++t) {
     Fiber& f = L.fibers[t];
     f.idx = dim3{t % blockDim.x, (t / blockDim.x) % blockDim.y, t / (blockDim.x * blockDim.y)};
-    getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = L.stacks + (size_t)t * (L.stack_bytes + 4096) + 4096;  // above its guard page
-    f.ctx.uc_stack.ss_size = L.stack_bytes;
-    f.ctx.uc_link = &L.scheduler;
-    makecontext(&f.ctx, trampoline, 0);
+    // its stack above its guard page
+    make_context(f.ctx, L.stacks + (size_t)t * (L.stack_bytes + 4096) + 4096, L.stack_bytes, trampoline);
   }
   // Even seeds: a warp runs as far as it can (through its shuffles) before another is picked, so warps
   // run ahead of one another, as on a GPU, which is what a missing barrier between them needs to show.
@@ -214,7 +218,7 @@ inline void run_block(unsigned threads) {
           f.wait = 0;
           L.current = (int)t;
           threadIdx = f.idx;
-          swapcontext(&L.scheduler, &f.ctx);
+          switch_context(L.scheduler, f.ctx);
           L.current = -1;
           if (L.faulted) L.error = fault_message(t);
           ran = progress = true;

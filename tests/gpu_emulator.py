@@ -95,12 +95,13 @@ RACE_FLAGS = ("-fsanitize=thread", "-DEMU_RACES")
 
 
 @functools.cache
-def library(source: str, expression: str, races: bool = False) -> ctypes.CDLL:
-    """`expression` of CUDA `source` compiled into a shared library (kept in CACHE by the hash of its text)."""
+def library(source: str, expression: str, races: bool = False, extra: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """`expression` of CUDA `source` compiled into a shared library (kept in CACHE by the hash of its text);
+    `extra`: more compiler flags (-DEMU_UCONTEXT: fibers switched by glibc's swapcontext)."""
     if CXX is None:
         raise EmulatedKernelError("no C++ compiler (g++) on PATH")
     unit = translation_unit(source, expression)
-    flags = FLAGS + (RACE_FLAGS if races else ())
+    flags = FLAGS + (RACE_FLAGS if races else ()) + extra
     headers = [h.read_text() for h in sorted(HEADER.parent.glob("gpu_emulator*.h"))]
     key = hashlib.sha256("\n".join([unit, *headers, *flags, _compiler()]).encode()).hexdigest()[:24]
     so = _cache() / f"{key}.so"
@@ -206,8 +207,8 @@ def _guard(address: int, size: int, index: int) -> bytes:
 class Emulator:
     """runtime.launch's stand-in. `seed` orders the fibers (threads) each scheduling round."""
 
-    def __init__(self, seed: int = 0, races: bool = False):
-        self.seed, self.races = seed, races
+    def __init__(self, seed: int = 0, races: bool = False, extra: tuple[str, ...] = ()):
+        self.seed, self.races, self.extra = seed, races, extra
         self.launches: list[tuple[str, tuple, tuple]] = []
 
     def launch(self, file, expression, grid, block, args, shared_mem=0, max_regs=0) -> None:
@@ -215,7 +216,7 @@ class Emulator:
         self.run(runtime.source(file), expression, grid, block, args, shared_mem)
 
     def run(self, source: str, expression: str, grid, block, args, shared_mem: int = 0) -> None:
-        lib = library(source, expression, self.races)
+        lib = library(source, expression, self.races, self.extra)
         staged, values = [], []
         try:
             for a in args:

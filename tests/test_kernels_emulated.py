@@ -35,8 +35,8 @@ def gpu(monkeypatch, request):
         yield emu
 
 
-def run(source, expression, block, *args, grid=(1,), seed=0, shared=0, races=False):
-    Emulator(seed, races).run(COMMON + source, expression, grid, block, args, shared)
+def run(source, expression, block, *args, grid=(1,), seed=0, shared=0, races=False, extra=()):
+    Emulator(seed, races, extra).run(COMMON + source, expression, grid, block, args, shared)
 
 
 # --- the emulator sees the faults it is for ---------------------------------------------------------
@@ -162,6 +162,20 @@ __global__ void reads(const float* x, float* y) { y[threadIdx.x] = x[(int)thread
     with pytest.raises(EmulatedKernelError, match=r"before the start of argument 1"):
         run(shift, "shift", (32,), x, y, runtime.i32(-1024))  # 4 KB before: a protected page
 
+
+@pytest.mark.parametrize("extra", [(), ("-DEMU_UCONTEXT",)], ids=["x86-64 switch", "swapcontext"])
+def test_both_fiber_switches_run_barriers_and_shuffles_and_catch_fault_after_fault(extra):
+    """The fibers switched by the emulator's own x86-64 routine (what runs here) and by swapcontext (its
+    fallback elsewhere): block reductions give the sum under both schedules, and each of two faults in a
+    row is caught (the first leaves its signal handler by a switch, not a return)."""
+    x, y = torch.randn(128), torch.empty(128)
+    for seed in (0, 1):
+        run(TWO_SUMS % ("block_sum", "block_sum"), "two_sums", (128,), x, y, seed=seed, extra=extra)
+        assert torch.allclose(y, (x.sum() + 2000 * x.sum()).expand(128), rtol=1e-4)
+    shift = "__global__ void shift(const float* x, float* y) { y[threadIdx.x] = x[threadIdx.x + 1]; }"
+    for _ in range(2):
+        with pytest.raises(EmulatedKernelError, match="past the end of argument 0"):
+            run(shift, "shift", (32,), x[:32].clone(), y[:32], extra=extra)
 
 def test_shared_memory_overruns_traps_and_oversized_launches_are_caught():
     overrun = """
