@@ -69,7 +69,7 @@ struct Launch {
   bool greedy = true;
   unsigned long long block_serial = 0;  // blocks run so far: with the block barrier's generation, an interval
   std::string error;
-  unsigned char* dynamic_shared = nullptr;  // this launch's, in `dynamic_map`
+  unsigned char* dynamic_shared = nullptr;  // this launch's, in `dynamic_map`, 16 bytes ahead of it
   size_t dynamic_bytes = 0;
   std::pair<void*, size_t> dynamic_map{nullptr, 0};
   std::vector<std::pair<void*, size_t>> static_shared;  // the __shared__ arrays met so far, refilled each block
@@ -292,19 +292,21 @@ inline void unwatch(void* p);
 
 // `bytes`, 16-byte aligned, in a mapping of their own (`map`: its address and size) that ends, to
 // within 16 bytes, at a page no thread may touch.
-inline unsigned char* guarded(size_t bytes, std::pair<void*, size_t>* map = nullptr) {
-  const size_t page = 4096, size = (bytes + 16 + page - 1) / page * page + page;
+// `bytes` ending within 16 bytes of a page no thread may touch, at an address whose offset from a 16-byte
+// boundary is `align` (0 from 16 on): no more aligned than declared, as a GPU guarantees no more.
+inline unsigned char* guarded(size_t bytes, std::pair<void*, size_t>* map = nullptr, size_t align = 16) {
+  const size_t page = 4096, size = (bytes + 16 + page - 1) / page * page + page, off = align >= 16 ? 0 : align;
   auto* base = (unsigned char*)mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (base == MAP_FAILED) return nullptr;
   mprotect(base + size - page, page, PROT_NONE);
   if (map) *map = {base, size};
-  return base + ((size - page - bytes) & ~size_t(15));
+  return base + ((size - page - bytes - off) & ~size_t(15)) + off;
 }
 
-template <typename T, int DECLARATION>
+template <typename T, int DECLARATION, size_t ALIGN>
 T& shared_array() {  // a __shared__ array, once per declaration, refilled with 0xff at each block
   static unsigned char* p = [] {
-    unsigned char* q = guarded(sizeof(T));
+    unsigned char* q = guarded(sizeof(T), nullptr, ALIGN);
     std::memset(q, 0xff, sizeof(T));
     L.static_shared.emplace_back(q, sizeof(T));
     watch(q, sizeof(T));
@@ -353,10 +355,10 @@ std::string launch(void (*kernel)(A...), const unsigned* grid, const unsigned* b
   L.greedy = seed % 2 == 0;
   if (shared_bytes > 48 * 1024)  // beyond 48 KB a launch fails unless cudaFuncSetAttribute raised the limit
     return std::to_string(shared_bytes) + " bytes of dynamic shared memory: over 48 KB needs an opt-in the launch does not make";
-  L.dynamic_bytes = shared_bytes;
-  L.dynamic_shared = guarded(shared_bytes, &L.dynamic_map);
+  L.dynamic_bytes = shared_bytes + 16;  // 16 before it: a declaration less aligned starts there (dynamic_array)
+  L.dynamic_shared = guarded(L.dynamic_bytes, &L.dynamic_map);
   if (!L.dynamic_shared) return "no memory for dynamic shared memory";
-  watch(L.dynamic_shared, shared_bytes);
+  watch(L.dynamic_shared, L.dynamic_bytes);
   L.stack_bytes = 256 * 1024;  // each below a page no fiber may touch: an overflow faults, not overwrites
   L.stacks_size = (L.stack_bytes + 4096) * threads;
   L.stacks = (char*)mmap(nullptr, L.stacks_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -411,13 +413,15 @@ template <typename T> T max(T a, T b) { return a < b ? b : a; }
 inline float __expf(float x) { return std::exp(x); }
 inline float __frcp_rn(float x) { return 1.0f / x; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
-// `__shared__ float s[33];` is rewritten to EMU_SHARED(float, s, [33]): the array lives in a guarded
-// mapping and holds NaN bytes (0xff) when a block starts, as garbage on a GPU would be, so a thread
-// reading what no thread of its block wrote sees NaN, not the last block's values.
-#define EMU_SHARED(type, name, dims) \
+// `__shared__ float s[33];` is rewritten to EMU_SHARED(float, s, [33], alignof(float)): the array lives
+// in a guarded mapping and holds NaN bytes (0xff) when a block starts, as garbage on a GPU would be, so
+// a thread reading what no thread of its block wrote sees NaN, not the last block's values. Shared
+// arrays, static or dynamic, are aligned as declared (`__align__(16)`, or their type's) and no more.
+#define EMU_SHARED(type, name, dims, align) \
   using emu_shared_##name = type dims; \
-  emu_shared_##name& name = emu::shared_array<emu_shared_##name, __COUNTER__>()
-#define EMU_DYNAMIC_SHARED(type, name) type* name = reinterpret_cast<type*>(emu::L.dynamic_shared)
+  emu_shared_##name& name = emu::shared_array<emu_shared_##name, __COUNTER__, align>()
+#define EMU_DYNAMIC_SHARED(type, name, align) \
+  type* name = reinterpret_cast<type*>(emu::L.dynamic_shared + ((align) >= 16 ? 16 : (align)))
 
 
 #include "gpu_emulator_races.h"

@@ -60,8 +60,9 @@ def _operands(text: str) -> list[str]:
 def rewrite(source: str) -> str:
     """CUDA text the host compiler takes: each inline PTX statement becomes a call of its emulation
     (emu::ptx_cvt_rn_bf16_f32 for `cvt.rn.bf16.f32`), `__shared__` arrays are refilled with NaN bytes
-    at each block's start, `extern __shared__` ones point into the launch's dynamic shared memory, and
-    every reinterpret_cast (the vector accesses) checks its alignment. An asm statement or a
+    at each block's start, `extern __shared__` ones point into the launch's dynamic shared memory (each
+    aligned as declared, `__align__(16)` or its type's, and no more), and every reinterpret_cast (the
+    vector accesses) checks its alignment. An asm statement or a
     `__shared__` declaration of another form is refused, not skipped."""
     def asm(m: re.Match) -> str:
         parts = re.fullmatch(r'\s*"([^"]*)"\s*:(.*?):(.*)', m.group(1), re.S)
@@ -71,10 +72,15 @@ def rewrite(source: str) -> str:
         (out,), ins = _operands(parts.group(2)), _operands(parts.group(3))
         return f"{out} = emu::{op}({', '.join(ins)});"
     source = re.sub(r"\basm\((.*?)\);", asm, source, flags=re.S)
-    source = re.sub(r"extern\s+__shared__\s+(\w+)\s+(\w+)\s*\[\s*\]\s*;", r"EMU_DYNAMIC_SHARED(\1, \2);", source)
+    align = r"(?:__align__\((\d+)\)\s+)?"  # `__shared__ __align__(16) float s[8];`: as declared, else its type's
+
+    def aligned(m: re.Match, macro: str, *more: str) -> str:
+        return f"{macro}({', '.join([m.group(2), m.group(3), *more, m.group(1) or f'alignof({m.group(2)})'])});"
+    source = re.sub(rf"extern\s+__shared__\s+{align}(\w+)\s+(\w+)\s*\[\s*\]\s*;",
+                    lambda m: aligned(m, "EMU_DYNAMIC_SHARED"), source)
     source = source.replace("reinterpret_cast<", "emu::aligned_cast<")  # vector accesses: alignment checked
-    source = re.sub(r"(?<!extern )__shared__\s+(\w+)\s+(\w+)\s*((?:\[[^\]]+\]\s*)+);", r"EMU_SHARED(\1, \2, \3);",
-                    source)
+    source = re.sub(rf"(?<!extern )__shared__\s+{align}(\w+)\s+(\w+)\s*((?:\[[^\]]+\]\s*)+);",
+                    lambda m: aligned(m, "EMU_SHARED", m.group(4)), source)
     if (left := re.search(r".*__shared__.*", re.sub(r"//.*", "", source))):
         raise EmulatedKernelError(f"a __shared__ declaration the emulator does not know: {left.group(0).strip()}")
     return source

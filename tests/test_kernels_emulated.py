@@ -237,6 +237,25 @@ __global__ void vectors(const float* x, float* y, int at) {
         run(source, "vectors", (32,), x, y, runtime.i32(1))
 
 
+@pytest.mark.parametrize("declared", ["__shared__ %sfloat s[64];", "extern __shared__ %sfloat s[];"])
+def test_shared_arrays_are_aligned_as_declared_and_no_more(declared):
+    """CUDA aligns a `float` shared array, static or dynamic, to 4 bytes, unless declared `__align__(16)`:
+    a 16-byte access into one is misaligned here unless so declared."""
+    source = """
+__global__ void staged(const float* x, float* y) {
+  %s
+  float v[4];
+  s[threadIdx.x] = x[threadIdx.x];
+  __syncthreads();
+  load_vec<float, 4>(s + 4 * (threadIdx.x / 4), v);
+  y[threadIdx.x] = v[threadIdx.x %% 4];
+}"""
+    x, y = torch.arange(64, dtype=torch.float32), torch.empty(64)
+    with pytest.raises(EmulatedKernelError, match="misaligned 16-byte access"):
+        run(source % (declared % ""), "staged", (64,), x, y, shared=256)
+    run(source % (declared % "__align__(16) "), "staged", (64,), x, y, shared=256)
+    assert torch.equal(y, x)
+
 def test_the_ptx_conversions_round_as_torch_does():
     """common.cuh's conversions as an sm_80+ GPU runs them (cvt.rn.bf16x2.f32 two at a time,
     cvt.rn.f16.f32, cvt.f32.f16), emulated: the same bytes as torch's round-to-nearest-even."""

@@ -116,8 +116,9 @@ __global__ void layer_norm_bwd(const T* __restrict__ dy, const T* __restrict__ x
   constexpr int ACC = SHARED_ACC ? 1 : SLOTS;  // register accumulators (unused with SHARED_ACC)
   constexpr bool GAMMA_CACHED = WARP && SHARED_ACC;
   __shared__ float scratch[66 * ROWS];
-  // SHARED_ACC: 2 * SLOTS * VEC * blockDim.x floats; else WARP: 2 * cols, the block's dgamma and dbeta
-  extern __shared__ float block_acc[];
+  // SHARED_ACC: 2 * SLOTS * VEC * blockDim.x floats; else WARP: 2 * cols, the block's dgamma and dbeta.
+  // 16-byte aligned as declared (add_to_shared's accesses): CUDA guarantees a float array's 4 bytes only
+  extern __shared__ __align__(16) float block_acc[];
   const int tid = WARP ? (threadIdx.x & 31) : threadIdx.x;
   const int row_threads = WARP ? 32 : blockDim.x;
   const int rows_per_block = WARP ? (blockDim.x >> 5) : 1;
