@@ -6,9 +6,9 @@ loss is the graph's last op) and scaled by the incoming gradient in backward, as
 fp16 defers the per-token factor (1/tokens for the mean): softmax / tokens underflows fp16 before a
 loss scale can reach it, so there the kernel writes the unscaled gradient, the gradients accumulate
 in fp32, and backward applies the factor with the incoming (loss-scaled) gradient. The weight gradient
-sums over every chunk, so in bf16 too it is held in fp32 and rounded once, in backward (as Megatron's
-fp32 wgrad accumulation does): summed in bf16, its error grew with the number of chunks (3x the
-unchunked error at 64 chunks)."""
+sums over every chunk, so in bf16 too the chunks' bf16 products are added into fp32 and the sum is
+rounded to bf16 once, in backward (as Megatron's fp32 wgrad accumulation sums): summed in bf16, its
+error grew with the number of chunks (3x the unchunked error at 64 chunks)."""
 from __future__ import annotations
 
 import torch

@@ -50,6 +50,14 @@ struct Fiber {
   bool done = false;
 };
 
+// A shared array: `bytes` at `p`, then `gap` bytes (0xff, checked after every block) up to a page no
+// thread may touch; `map`: the mapping's address and size.
+struct Region {
+  unsigned char* p = nullptr;
+  size_t bytes = 0, gap = 0;
+  std::pair<void*, size_t> map{nullptr, 0};
+};
+
 struct Barrier {  // opens when every live member has arrived; a member that exits stops counting
   unsigned gen = 0, arrived = 0, live = 0;
 };
@@ -69,10 +77,8 @@ struct Launch {
   bool greedy = true;
   unsigned long long block_serial = 0;  // blocks run so far: with the block barrier's generation, an interval
   std::string error;
-  unsigned char* dynamic_shared = nullptr;  // this launch's, in `dynamic_map`, 16 bytes ahead of it
-  size_t dynamic_bytes = 0;
-  std::pair<void*, size_t> dynamic_map{nullptr, 0};
-  std::vector<std::pair<void*, size_t>> static_shared;  // the __shared__ arrays met so far, refilled each block
+  Region dynamic;  // this launch's dynamic shared memory: every extern __shared__ array starts there
+  std::vector<Region> static_shared;  // the __shared__ arrays met so far, refilled each block
   volatile sig_atomic_t faulted = 0;  // a thread touched a protected page, or trapped
   int fault_signal = 0;
   void* fault_address = nullptr;
@@ -174,10 +180,26 @@ inline std::string fault_message(unsigned t) {
   std::string message = b;
   auto* at = (unsigned char*)L.fault_address;
   auto within = [&](void* p, size_t n) { return at >= (unsigned char*)p && at < (unsigned char*)p + n; };
-  if (within(L.dynamic_map.first, L.dynamic_map.second)) message += ": past the end of dynamic shared memory";
-  for (auto& [p, n] : L.static_shared)
-    if (within(p, n + 16 + 4096)) message += ": past the end of a __shared__ array";
+  if (within(L.dynamic.map.first, L.dynamic.map.second)) message += ": past the end of dynamic shared memory";
+  for (const Region& r : L.static_shared)
+    if (within(r.map.first, r.map.second)) message += ": past the end of a __shared__ array";
   return message;
+}
+
+// After a block: the bytes between each shared array's end and its protected page still 0xff.
+inline void check_gaps() {
+  auto written = [](const Region& r) {
+    for (size_t i = 0; i < r.gap; ++i)
+      if (r.p[r.bytes + i] != 0xff) return true;
+    return false;
+  };
+  const char* what = written(L.dynamic) ? "dynamic shared memory" : nullptr;
+  for (const Region& r : L.static_shared)
+    if (!what && written(r)) what = "a __shared__ array";
+  if (!what) return;
+  char b[160];
+  snprintf(b, sizeof b, "block (%u,%u,%u) wrote past the end of %s", blockIdx.x, blockIdx.y, blockIdx.z, what);
+  L.error = b;
 }
 
 inline void run_block(unsigned threads) {
@@ -188,8 +210,8 @@ inline void run_block(unsigned threads) {
   L.lanes.assign(nwarps * 32, 0);
   L.block = Barrier{0, 0, threads};
   for (unsigned w = 0; w < nwarps; ++w) L.warps[w].live = std::min(32u, threads - 32 * w);
-  std::memset(L.dynamic_shared, 0xff, L.dynamic_bytes);
-  for (auto& [p, n] : L.static_shared) std::memset(p, 0xff, n);
+  std::memset(L.dynamic.p, 0xff, L.dynamic.bytes + L.dynamic.gap);
+  for (const Region& r : L.static_shared) std::memset(r.p, 0xff, r.bytes + r.gap);
   for (unsigned t = 0; t < threads; ++t) {
     Fiber& f = L.fibers[t];
     f.idx = dim3{t % blockDim.x, (t / blockDim.x) % blockDim.y, t / (blockDim.x * blockDim.y)};
@@ -236,6 +258,7 @@ inline void run_block(unsigned threads) {
       L.error = b;
     }
   }
+  if (L.error.empty()) check_gaps();
 }
 
 template <typename T>
@@ -290,27 +313,29 @@ inline unsigned ptx_cvt_rn_bf16x2_f32(float a, float b) { return ((unsigned)bf16
 inline void watch(void* p, size_t bytes);  // gpu_emulator_races.h: shared memory to check for races
 inline void unwatch(void* p);
 
-// `bytes`, 16-byte aligned, in a mapping of their own (`map`: its address and size) that ends, to
-// within 16 bytes, at a page no thread may touch.
-// `bytes` ending within 16 bytes of a page no thread may touch, at an address whose offset from a 16-byte
-// boundary is `align` (0 from 16 on): no more aligned than declared, as a GPU guarantees no more.
-inline unsigned char* guarded(size_t bytes, std::pair<void*, size_t>* map = nullptr, size_t align = 16) {
-  const size_t page = 4096, size = (bytes + 16 + page - 1) / page * page + page, off = align >= 16 ? 0 : align;
+// `bytes` in a mapping of their own, aligned to `align` (a power of two) and, below 16, to no more (an
+// odd multiple of it: a GPU promises no more than declared), as close to a protected page as that
+// allows: the gap is under one element, under `align` from 16 on. p is null if mmap fails.
+inline Region guarded(size_t bytes, size_t align) {
+  const size_t page = 4096, size = (bytes + 2 * std::max<size_t>(align, 16) + page - 1) / page * page + page;
   auto* base = (unsigned char*)mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (base == MAP_FAILED) return nullptr;
+  if (base == MAP_FAILED) return Region{};
   mprotect(base + size - page, page, PROT_NONE);
-  if (map) *map = {base, size};
-  return base + ((size - page - bytes - off) & ~size_t(15)) + off;
+  unsigned char* end = base + size - page;
+  uintptr_t start = reinterpret_cast<uintptr_t>(end - bytes) & ~uintptr_t(align - 1);
+  if (align < 16 && start % (2 * align) == 0) start -= align;
+  auto* p = reinterpret_cast<unsigned char*>(start);
+  std::memset(p, 0xff, end - p);
+  return Region{p, bytes, size_t(end - p) - bytes, {base, size}};
 }
 
 template <typename T, int DECLARATION, size_t ALIGN>
 T& shared_array() {  // a __shared__ array, once per declaration, refilled with 0xff at each block
   static unsigned char* p = [] {
-    unsigned char* q = guarded(sizeof(T), nullptr, ALIGN);
-    std::memset(q, 0xff, sizeof(T));
-    L.static_shared.emplace_back(q, sizeof(T));
-    watch(q, sizeof(T));
-    return q;
+    const Region r = guarded(sizeof(T), ALIGN);
+    L.static_shared.push_back(r);
+    watch(r.p, sizeof(T));
+    return r.p;
   }();
   return *reinterpret_cast<T*>(p);
 }
@@ -333,8 +358,9 @@ void run_closure(void* c) {
 // Launch `kernel` over the grid; `args[i]` points to parameter i's value, `sizes[i]` its size in
 // bytes as the caller packed it. Returns "" or the first error.
 template <typename... A>
+// `dynamic_align`: the largest declared alignment of the source's extern __shared__ arrays.
 std::string launch(void (*kernel)(A...), const unsigned* grid, const unsigned* block, size_t shared_bytes,
-                   void** args, const int* sizes, int nargs, unsigned long long seed) {
+                   void** args, const int* sizes, int nargs, unsigned long long seed, size_t dynamic_align) {
   const size_t expected[] = {sizeof(A)..., 0};
   if (nargs != (int)sizeof...(A)) return "kernel takes " + std::to_string(sizeof...(A)) + " arguments, given " + std::to_string(nargs);
   for (int i = 0; i < nargs; ++i)
@@ -355,10 +381,9 @@ std::string launch(void (*kernel)(A...), const unsigned* grid, const unsigned* b
   L.greedy = seed % 2 == 0;
   if (shared_bytes > 48 * 1024)  // beyond 48 KB a launch fails unless cudaFuncSetAttribute raised the limit
     return std::to_string(shared_bytes) + " bytes of dynamic shared memory: over 48 KB needs an opt-in the launch does not make";
-  L.dynamic_bytes = shared_bytes + 16;  // 16 before it: a declaration less aligned starts there (dynamic_array)
-  L.dynamic_shared = guarded(L.dynamic_bytes, &L.dynamic_map);
-  if (!L.dynamic_shared) return "no memory for dynamic shared memory";
-  watch(L.dynamic_shared, L.dynamic_bytes);
+  L.dynamic = guarded(shared_bytes, dynamic_align);
+  if (!L.dynamic.p) return "no memory for dynamic shared memory";
+  watch(L.dynamic.p, shared_bytes);
   L.stack_bytes = 256 * 1024;  // each below a page no fiber may touch: an overflow faults, not overwrites
   L.stacks_size = (L.stack_bytes + 4096) * threads;
   L.stacks = (char*)mmap(nullptr, L.stacks_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -390,8 +415,9 @@ std::string launch(void (*kernel)(A...), const unsigned* grid, const unsigned* b
   for (int i = 0; i < 4; ++i) sigaction(SIGNALS[i], &L.old[i], nullptr);
   sigaltstack(&L.old_alt, nullptr);
   munmap(L.stacks, L.stacks_size);
-  unwatch(L.dynamic_shared);
-  munmap(L.dynamic_map.first, L.dynamic_map.second);
+  unwatch(L.dynamic.p);
+  munmap(L.dynamic.map.first, L.dynamic.map.second);
+  L.dynamic = Region{};
   return L.error;
 }
 
@@ -416,12 +442,12 @@ inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 // `__shared__ float s[33];` is rewritten to EMU_SHARED(float, s, [33], alignof(float)): the array lives
 // in a guarded mapping and holds NaN bytes (0xff) when a block starts, as garbage on a GPU would be, so
 // a thread reading what no thread of its block wrote sees NaN, not the last block's values. Shared
-// arrays, static or dynamic, are aligned as declared (`__align__(16)`, or their type's) and no more.
+// arrays are aligned as declared (`__align__(16)`, or their type's) and no more; the dynamic ones
+// all start at one address, aligned as the most aligned of them (gpu_emulator.py passes it to launch).
 #define EMU_SHARED(type, name, dims, align) \
   using emu_shared_##name = type dims; \
   emu_shared_##name& name = emu::shared_array<emu_shared_##name, __COUNTER__, align>()
-#define EMU_DYNAMIC_SHARED(type, name, align) \
-  type* name = reinterpret_cast<type*>(emu::L.dynamic_shared + ((align) >= 16 ? 16 : (align)))
+#define EMU_DYNAMIC_SHARED(type, name) type* name = reinterpret_cast<type*>(emu::L.dynamic.p)
 
 
 #include "gpu_emulator_races.h"

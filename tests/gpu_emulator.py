@@ -57,13 +57,24 @@ def _operands(text: str) -> list[str]:
     return out
 
 
+ALIGN = r"(?:__align__\((\d+)\)\s+)?"  # `__shared__ __align__(16) float s[8];`: as declared, else its type's
+DYNAMIC = re.compile(rf"extern\s+{ALIGN}__shared__\s+{ALIGN}(\w+)\s+(\w+)\s*\[\s*\]\s*;")
+
+
+def dynamic_alignment(source: str) -> str:
+    """The C++ expression of the largest alignment among the extern __shared__ declarations (CUDA starts
+    them all at one address, aligned for each of them)."""
+    aligns = [m[1] or m[2] or f"alignof({m[3]})" for m in DYNAMIC.finditer(source)]
+    return "std::max<size_t>({" + ", ".join(["1", *aligns]) + "})"
+
+
 def rewrite(source: str) -> str:
     """CUDA text the host compiler takes: each inline PTX statement becomes a call of its emulation
     (emu::ptx_cvt_rn_bf16_f32 for `cvt.rn.bf16.f32`), `__shared__` arrays are refilled with NaN bytes
-    at each block's start, `extern __shared__` ones point into the launch's dynamic shared memory (each
-    aligned as declared, `__align__(16)` or its type's, and no more), and every reinterpret_cast (the
-    vector accesses) checks its alignment. An asm statement or a
-    `__shared__` declaration of another form is refused, not skipped."""
+    at each block's start and aligned as declared (`__align__(16)`, or their type's) and no more,
+    `extern __shared__` ones all start at the launch's dynamic shared memory, and every reinterpret_cast
+    (the vector accesses) checks its alignment. An asm statement or a `__shared__` declaration of
+    another form is refused, not skipped."""
     def asm(m: re.Match) -> str:
         parts = re.fullmatch(r'\s*"([^"]*)"\s*:(.*?):(.*)', m.group(1), re.S)
         if not parts or not parts.group(1).startswith("cvt."):
@@ -72,15 +83,10 @@ def rewrite(source: str) -> str:
         (out,), ins = _operands(parts.group(2)), _operands(parts.group(3))
         return f"{out} = emu::{op}({', '.join(ins)});"
     source = re.sub(r"\basm\((.*?)\);", asm, source, flags=re.S)
-    align = r"(?:__align__\((\d+)\)\s+)?"  # `__shared__ __align__(16) float s[8];`: as declared, else its type's
-
-    def aligned(m: re.Match, macro: str, *more: str) -> str:
-        return f"{macro}({', '.join([m.group(2), m.group(3), *more, m.group(1) or f'alignof({m.group(2)})'])});"
-    source = re.sub(rf"extern\s+__shared__\s+{align}(\w+)\s+(\w+)\s*\[\s*\]\s*;",
-                    lambda m: aligned(m, "EMU_DYNAMIC_SHARED"), source)
+    source = re.sub(DYNAMIC, r"EMU_DYNAMIC_SHARED(\3, \4);", source)
     source = source.replace("reinterpret_cast<", "emu::aligned_cast<")  # vector accesses: alignment checked
-    source = re.sub(rf"(?<!extern )__shared__\s+{align}(\w+)\s+(\w+)\s*((?:\[[^\]]+\]\s*)+);",
-                    lambda m: aligned(m, "EMU_SHARED", m.group(4)), source)
+    source = re.sub(rf"{ALIGN}__shared__\s+{ALIGN}(\w+)\s+(\w+)\s*((?:\[[^\]]+\]\s*)+);",
+                    lambda m: f"EMU_SHARED({m[3]}, {m[4]}, {m[5]}, {m[1] or m[2] or f'alignof({m[3]})'});", source)
     if (left := re.search(r".*__shared__.*", re.sub(r"//.*", "", source))):
         raise EmulatedKernelError(f"a __shared__ declaration the emulator does not know: {left.group(0).strip()}")
     return source
@@ -91,7 +97,8 @@ def translation_unit(source: str, expression: str) -> str:
             'extern "C" __attribute__((visibility("default"))) int emu_launch(const unsigned* grid, '
             'const unsigned* block, unsigned long long shared, void** args, const int* sizes, int nargs, '
             'unsigned long long seed, char* error, int error_len) {\n'
-            f'  const std::string e = emu::launch(&{expression}, grid, block, shared, args, sizes, nargs, seed);\n'
+            f'  const std::string e = emu::launch(&{expression}, grid, block, shared, args, sizes, nargs, seed, '
+            f'{dynamic_alignment(source)});\n'
             '  snprintf(error, error_len, "%s", e.c_str());\n  return e.empty() ? 0 : 1;\n}\n')
 
 

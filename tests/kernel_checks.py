@@ -82,18 +82,18 @@ def fits_a_warp(dtype, cols: int, slots: int) -> bool:
 
 def pairwise(variants, dtypes, shapes) -> list[tuple]:
     """(variant, dtype, shape) cases in which every pair that runs (variant and dtype, variant and shape,
-    dtype and shape) appears at least once: a Latin square (variant i, shape j: dtype i + j), then, for a
-    warp variant, the pairs a row too wide for it left out. A third of the full product's cases."""
+    dtype and shape) appears at least once: a Latin square (variant i, shape j: dtype i + j) less the
+    cases that do not run (a row too wide for a warp variant), then a case for each pair those left out.
+    A third of the full product's cases."""
     def runs(v, d, shape):
         return not v[0] or fits_a_warp(d, shape[1], v[1])
     cases = [(v, dtypes[(i + j) % len(dtypes)], shape) for i, v in enumerate(variants)
              for j, shape in enumerate(shapes) if runs(v, dtypes[(i + j) % len(dtypes)], shape)]
-    for v in variants:
-        for k, want in ((1, dtypes), (2, shapes)):
-            for value in want:
-                if not any(c[0] == v and c[k] == value for c in cases):
-                    cases += [c for c in ((v, d, sh) for sh in shapes for d in dtypes)
-                              if c[k] == value and runs(*c)][:1]
+    runnable = [(v, d, shape) for v in variants for d in dtypes for shape in shapes if runs(v, d, shape)]
+    for a, b in ((0, 1), (0, 2), (1, 2)):
+        for c in runnable:
+            if not any(x[a] == c[a] and x[b] == c[b] for x in cases):
+                cases.append(c)
     return cases
 
 

@@ -209,6 +209,44 @@ __global__ void deep(float* y) {  // 400 KB of locals: more than a thread's 256 
         run(divide, "divide", (32,), torch.empty(32, dtype=torch.int32), runtime.i32(0))
 
 
+@pytest.mark.parametrize("races", [False, True])
+def test_one_element_past_a_shared_array_is_caught(races):
+    """An array is placed as close to its protected page as its alignment lets it; the bytes left over
+    (under one element) read as NaN and are checked after every block: a bound one too far shows, read
+    or written, for a static array of 64 floats (whose end cannot meet the page at 4 mod 16) and for
+    dynamic shared memory, also when the launch gives it none."""
+    source = """
+__global__ void edge(float* y, int write_at, int read_at) {
+  __shared__ float s[64];
+  extern __shared__ float d[];
+  if (threadIdx.x == 0) { s[write_at] = 1.f; d[write_at] = 1.f; }
+  __syncthreads();
+  y[0] = s[read_at];
+}"""
+    y = torch.empty(1)
+    run(source, "edge", (32,), y, runtime.i32(63), runtime.i32(63), shared=256, races=races)
+    assert y.item() == 1
+    run(source, "edge", (32,), y, runtime.i32(63), runtime.i32(64), shared=256, races=races)
+    assert y.isnan().all(), "a read one past the end gives NaN"
+    with pytest.raises(EmulatedKernelError, match="wrote past the end of (a __shared__ array|dynamic shared memory)"):
+        run(source, "edge", (32,), y, runtime.i32(64), runtime.i32(0), shared=256, races=races)
+    with pytest.raises(EmulatedKernelError, match="wrote past the end of dynamic shared memory|fault"):
+        run(source.replace("s[write_at] = 1.f; ", ""), "edge", (32,), y, runtime.i32(0), runtime.i32(0), races=races)
+
+
+def test_every_extern_shared_array_starts_at_one_address():
+    """As CUDA lays them out: aligned for the most aligned declaration (here a double's 8 bytes)."""
+    source = """
+__global__ void views(long long* y) {
+  extern __shared__ float a[];
+  extern __shared__ double b[];
+  y[0] = (long long)((char*)b - (char*)a);
+  y[1] = (long long)((unsigned long long)a % 16);
+}"""
+    y = torch.empty(2, dtype=torch.int64)
+    run(source, "views", (32,), y, shared=64)
+    assert y.tolist() == [0, 8]
+
 def test_shuffles_need_every_lane_and_scalars_their_parameter_type():
     source = """
 __global__ void early(const float* x, float* y) {
