@@ -10,8 +10,9 @@
 // read-modify-writes of one word never lose an update here: built with races (gpu_emulator_races.h),
 // every shared-memory access is checked against the others of its barrier interval instead. Not
 // emulated: what only the hardware decides: timing, caches, register limits, FMA contraction, __expf.
-// Blocks run one at a time; shared memory (static and dynamic) lives in mappings that end at a page
-// no thread may touch, so an overrun faults.
+// Blocks run one at a time; shared memory (static and dynamic, gpu_emulator_shared.h) lives in mappings
+// that end at a page no thread may touch, so an overrun faults (or, in the less than one element left
+// before that page, reads NaN and fails the block if written).
 #pragma once
 #include <sys/mman.h>
 
@@ -186,21 +187,11 @@ inline std::string fault_message(unsigned t) {
   return message;
 }
 
-// After a block: the bytes between each shared array's end and its protected page still 0xff.
-inline void check_gaps() {
-  auto written = [](const Region& r) {
-    for (size_t i = 0; i < r.gap; ++i)
-      if (r.p[r.bytes + i] != 0xff) return true;
-    return false;
-  };
-  const char* what = written(L.dynamic) ? "dynamic shared memory" : nullptr;
-  for (const Region& r : L.static_shared)
-    if (!what && written(r)) what = "a __shared__ array";
-  if (!what) return;
-  char b[160];
-  snprintf(b, sizeof b, "block (%u,%u,%u) wrote past the end of %s", blockIdx.x, blockIdx.y, blockIdx.z, what);
-  L.error = b;
-}
+inline void watch(void* p, size_t bytes);  // gpu_emulator_races.h: shared memory to check for races
+inline void unwatch(void* p);
+inline Region guarded(size_t bytes, size_t align);  // gpu_emulator_shared.h: shared memory
+inline void refill_shared();
+inline void check_gaps();
 
 inline void run_block(unsigned threads) {
   ++L.block_serial;
@@ -210,8 +201,7 @@ inline void run_block(unsigned threads) {
   L.lanes.assign(nwarps * 32, 0);
   L.block = Barrier{0, 0, threads};
   for (unsigned w = 0; w < nwarps; ++w) L.warps[w].live = std::min(32u, threads - 32 * w);
-  std::memset(L.dynamic.p, 0xff, L.dynamic.bytes + L.dynamic.gap);
-  for (const Region& r : L.static_shared) std::memset(r.p, 0xff, r.bytes + r.gap);
+  refill_shared();
   for (unsigned t = 0; t < threads; ++t) {
     Fiber& f = L.fibers[t];
     f.idx = dim3{t % blockDim.x, (t / blockDim.x) % blockDim.y, t / (blockDim.x * blockDim.y)};
@@ -309,36 +299,6 @@ inline unsigned short ptx_cvt_rn_f16_f32(float v) { _Float16 x = (_Float16)v; un
 inline unsigned short ptx_cvt_rn_bf16_f32(float v) { return bf16_rn(v); }
 // d = {a -> upper half, b -> lower half} (PTX ISA, cvt with .bf16x2)
 inline unsigned ptx_cvt_rn_bf16x2_f32(float a, float b) { return ((unsigned)bf16_rn(a) << 16) | bf16_rn(b); }
-
-inline void watch(void* p, size_t bytes);  // gpu_emulator_races.h: shared memory to check for races
-inline void unwatch(void* p);
-
-// `bytes` in a mapping of their own, aligned to `align` (a power of two) and, below 16, to no more (an
-// odd multiple of it: a GPU promises no more than declared), as close to a protected page as that
-// allows: the gap is under one element, under `align` from 16 on. p is null if mmap fails.
-inline Region guarded(size_t bytes, size_t align) {
-  const size_t page = 4096, size = (bytes + 2 * std::max<size_t>(align, 16) + page - 1) / page * page + page;
-  auto* base = (unsigned char*)mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (base == MAP_FAILED) return Region{};
-  mprotect(base + size - page, page, PROT_NONE);
-  unsigned char* end = base + size - page;
-  uintptr_t start = reinterpret_cast<uintptr_t>(end - bytes) & ~uintptr_t(align - 1);
-  if (align < 16 && start % (2 * align) == 0) start -= align;
-  auto* p = reinterpret_cast<unsigned char*>(start);
-  std::memset(p, 0xff, end - p);
-  return Region{p, bytes, size_t(end - p) - bytes, {base, size}};
-}
-
-template <typename T, int DECLARATION, size_t ALIGN>
-T& shared_array() {  // a __shared__ array, once per declaration, refilled with 0xff at each block
-  static unsigned char* p = [] {
-    const Region r = guarded(sizeof(T), ALIGN);
-    L.static_shared.push_back(r);
-    watch(r.p, sizeof(T));
-    return r.p;
-  }();
-  return *reinterpret_cast<T*>(p);
-}
 
 
 template <typename... A, size_t... I>
@@ -439,15 +399,7 @@ template <typename T> T max(T a, T b) { return a < b ? b : a; }
 inline float __expf(float x) { return std::exp(x); }
 inline float __frcp_rn(float x) { return 1.0f / x; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
-// `__shared__ float s[33];` is rewritten to EMU_SHARED(float, s, [33], alignof(float)): the array lives
-// in a guarded mapping and holds NaN bytes (0xff) when a block starts, as garbage on a GPU would be, so
-// a thread reading what no thread of its block wrote sees NaN, not the last block's values. Shared
-// arrays are aligned as declared (`__align__(16)`, or their type's) and no more; the dynamic ones
-// all start at one address, aligned as the most aligned of them (gpu_emulator.py passes it to launch).
-#define EMU_SHARED(type, name, dims, align) \
-  using emu_shared_##name = type dims; \
-  emu_shared_##name& name = emu::shared_array<emu_shared_##name, __COUNTER__, align>()
-#define EMU_DYNAMIC_SHARED(type, name) type* name = reinterpret_cast<type*>(emu::L.dynamic.p)
 
 
+#include "gpu_emulator_shared.h"
 #include "gpu_emulator_races.h"
