@@ -1,7 +1,8 @@
 // The CUDA device side, emulated on the CPU, for running the kernels of kernels/cuda/ without a GPU
 // (tests/gpu_emulator.py compiles a kernel source after this header with the host C++ compiler).
-// Every CUDA thread of a block is a fiber (a stack of its own, gpu_emulator_switch.h) on one OS thread; a fiber runs until it waits at
-// __syncthreads or at a warp shuffle, and the scheduler resumes the fibers whose barrier has opened:
+// Every CUDA thread of a block is a fiber (a stack of its own, gpu_emulator_switch.h) on one OS
+// thread; a fiber runs until it waits at __syncthreads or at a warp shuffle, and the scheduler
+// resumes the fibers whose barrier has opened:
 // one warp as far as it gets, then another (even seeds), or every thread once a round (odd seeds),
 // warps, lanes and blocks in an order drawn from the seed. So a missing barrier between two threads'
 // accesses to shared memory, a barrier not every live thread reaches (deadlock), a shuffle in a warp
@@ -300,7 +301,6 @@ inline unsigned short ptx_cvt_rn_bf16_f32(float v) { return bf16_rn(v); }
 // d = {a -> upper half, b -> lower half} (PTX ISA, cvt with .bf16x2)
 inline unsigned ptx_cvt_rn_bf16x2_f32(float a, float b) { return ((unsigned)bf16_rn(a) << 16) | bf16_rn(b); }
 
-
 template <typename... A, size_t... I>
 void call(void (*kernel)(A...), void** args, std::index_sequence<I...>) {
   kernel(*reinterpret_cast<A*>(args[I])...);
@@ -316,9 +316,9 @@ void run_closure(void* c) {
 }
 
 // Launch `kernel` over the grid; `args[i]` points to parameter i's value, `sizes[i]` its size in
-// bytes as the caller packed it. Returns "" or the first error.
+// bytes as the caller packed it; `dynamic_align`: the largest declared alignment of the source's
+// extern __shared__ arrays. Returns "" or the first error.
 template <typename... A>
-// `dynamic_align`: the largest declared alignment of the source's extern __shared__ arrays.
 std::string launch(void (*kernel)(A...), const unsigned* grid, const unsigned* block, size_t shared_bytes,
                    void** args, const int* sizes, int nargs, unsigned long long seed, size_t dynamic_align) {
   const size_t expected[] = {sizeof(A)..., 0};
@@ -399,7 +399,6 @@ template <typename T> T max(T a, T b) { return a < b ? b : a; }
 inline float __expf(float x) { return std::exp(x); }
 inline float __frcp_rn(float x) { return 1.0f / x; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
-
 
 #include "gpu_emulator_shared.h"
 #include "gpu_emulator_races.h"

@@ -6,8 +6,8 @@ This checks what can be wrong without a GPU in sight: indexing, the rows and col
 block takes, barriers, shuffles, races in shared memory (races=True), template logic and the wrappers'
 launch shapes. Every tensor argument is copied into a mapping of its own that ends at a protected page
 (a read or write past the end faults), after guard bytes (NaN in every float type, tagged per argument:
-a write before it raises, a read before it shows as NaN). It does not replace tests/test_kernels_gpu.py: timing, NVRTC, the fp32
-contraction nvcc does (FMA) and the hardware's exp are the GPU's."""
+a write before it raises, a read before it shows as NaN). It does not replace tests/test_kernels_gpu.py:
+timing, NVRTC, the fp32 contraction nvcc does (FMA) and the hardware's exp are the GPU's."""
 from __future__ import annotations
 
 import contextlib

@@ -5,8 +5,6 @@
 // training step went there. Elsewhere, or with EMU_UCONTEXT (a test builds it so, to keep it working),
 // swapcontext.
 #pragma once
-#include <ucontext.h>
-
 #include <cstddef>
 #include <cstdint>
 
@@ -54,6 +52,8 @@ inline void make_context(Context& c, char* stack, size_t bytes, void (*entry)())
 }
 }  // namespace emu
 #else
+#include <ucontext.h>
+
 namespace emu {
 struct Context { ucontext_t uc; };
 

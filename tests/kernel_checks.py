@@ -74,10 +74,9 @@ def layer_norm(device, dtype, rows, cols):
 
 
 def fits_a_warp(dtype, cols: int, slots: int) -> bool:
-    """Whether a row of `cols` (16-byte vectors where they divide it, single elements otherwise) fits a
-    warp of `slots` vectors per lane."""
-    vec = 16 // torch.tensor([], dtype=dtype).element_size()
-    return cols // (vec if cols % vec == 0 else 1) <= 32 * slots
+    """Whether a row of `cols` (in the vectors runtime.vector_width gives an aligned row) fits a warp of
+    `slots` vectors per lane."""
+    return cols // runtime.vector_width(cols, torch.empty(cols, dtype=dtype)) <= 32 * slots
 
 
 def pairwise(variants, dtypes, shapes) -> list[tuple]:

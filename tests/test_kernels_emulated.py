@@ -338,8 +338,8 @@ def test_layer_norm(gpu, dtype, rows, cols):
 def _variant_id(case) -> str:
     (warp, slots, rows, shared_acc, prefetch), dtype, shape = case
     flags = ["acc"] * shared_acc + ["prefetch"] * prefetch
-    return "-".join(["warp" if warp else "block", f"{slots}slot", f"{rows}row", *flags, str(dtype).removeprefix("torch."),
-                     "x".join(map(str, shape))])
+    return "-".join(["warp" if warp else "block", f"{slots}slot", f"{rows}row", *flags,
+                     str(dtype).removeprefix("torch."), "x".join(map(str, shape))])
 
 
 VARIANT_SHAPES = [(67, 1024), (13, 1001), (29, 512)]
