@@ -19,7 +19,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
 ## constraints.txt pins every package to the versions the suite passed with (`make lock` rewrites it)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q --upgrade -c constraints.txt pip
 	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
 	# DeepSpeed JIT-builds its shared-memory comm op on first use (~2 minutes): once, here, not in a test
 	$(PY) -c "from deepspeed.accelerator import get_accelerator as a; b = a().create_op_builder('ShareMemCommBuilder'); b and b.load()"

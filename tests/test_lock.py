@@ -40,6 +40,7 @@ def test_every_requirement_of_pyproject_is_pinned_within_its_range():
         assert req.specifier.contains(pins[name], prereleases=True), \
             f"{text}: constraints.txt pins {pins[name]} (run `make lock`)"
     assert pins["torch"] == "2.13.0", "torch without its local label, so PyPI's CUDA build matches too"
+    assert "pip" in pins, "pip unpinned: `make install` would upgrade it to whatever was released last"
 
 
 def test_pins_come_from_pips_report_by_canonical_name_without_local_labels_or_the_project():
@@ -51,5 +52,5 @@ def test_pins_come_from_pips_report_by_canonical_name_without_local_labels_or_th
         {"metadata": {"name": "aiohttp_retry", "version": "2.9.1"}},
         {"metadata": {"name": "aiohttp", "version": "3.14.5"}},
     ]}
-    assert lock_module().pins(report) == ["aiohttp==3.14.5", "aiohttp-retry==2.9.1", "sqlalchemy==2.0.58",
-                                          "torch==2.13.0"]
+    assert lock_module().pins(report, "26.3") == ["aiohttp==3.14.5", "aiohttp-retry==2.9.1", "pip==26.3",
+                                                  "sqlalchemy==2.0.58", "torch==2.13.0"]

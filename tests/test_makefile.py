@@ -41,6 +41,22 @@ def test_make_targets_run_from_a_path_with_spaces(tmp_path, target, ran):
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_install_takes_every_package_pip_included_at_its_pin(tmp_path):
+    """An unpinned `pip install --upgrade pip` gave a clean clone whatever pip was released last."""
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    for name in ("Makefile", "pyproject.toml", "constraints.txt"):
+        shutil.copy(REPO / name, tmp_path / name)
+    (tmp_path / ".venv" / "bin" / "python").write_text(FAKE)
+    (tmp_path / ".venv" / "bin" / "python").chmod(0o755)
+    out = subprocess.run(["make", "-s", "install"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "MAKEFLAGS": ""})
+    assert out.returncode == 0, out.stdout + out.stderr
+    installs = [line for line in out.stdout.splitlines() if line.startswith("ran: python -m pip install")]
+    assert any(line.endswith(" pip") for line in installs), out.stdout
+    assert installs and all("-c constraints.txt" in line for line in installs), out.stdout
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 def test_gpu_check_stops_with_one_line_where_there_is_no_gpu():
     """Without a GPU the kernel tests skip and pytest exits 0: gpu-check must not pass for a GPU run."""
     import kernels
