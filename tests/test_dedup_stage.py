@@ -154,14 +154,29 @@ def test_rerun_resumes_and_a_threshold_change_redoes_only_the_later_passes(tmp_p
 def test_the_suite_finds_counts_that_do_not_add_up(tmp_path):
     rng = random.Random(7)
     base = prose(rng)
-    stats, kept, aside = run(tmp_path, [[doc(0, base, "CC"), doc(1, edit(rng, base, 1), "CC")]])
+    stats, kept, aside = run(tmp_path, [[doc(0, base, "CC"), doc(1, edit(rng, base, 1), "CC")],
+                                        [doc(2, prose(rng), "CC")], [doc(3, prose(rng), "CC")]])
     data = tmp_path / "data"
     out = sorted((data / "dedup/shards").glob("*.parquet"))[0]
     rows = pq.read_table(out).to_pylist()
     write_docs(out, rows + [{**rows[0], "id": "CC/sneaked-back"}])
     p = parse_params({"paths": {"data_dir": str(data)}, "dedup": {"input_stage": "extract", "priority": ["Wiki", "Books"]}})
-    with pytest.raises(ExpectationFailed, match="count_mismatch"):
+    with pytest.raises(ExpectationFailed) as failed:
         validate_stage("dedup", p)
+    # once, as the fact about the whole output it is (it was said once per shard, the two fine ones too)
+    assert [f for f in failed.value.failures if "count_mismatch" in f] == \
+        ["expect_column_values_to_be_between on column 'count_mismatch': 1 in the whole output"]
+    # an output emptied of every document: no row carried the counts, and it passed
+    saved = {f: pq.read_table(f).to_pylist() for f in sorted((data / "dedup/shards").glob("*.parquet"))}
+    for f in saved:
+        write_docs(f, [])
+    with pytest.raises(ExpectationFailed) as failed:
+        validate_stage("dedup", p)
+    assert failed.value.failures == ["expect_column_values_to_be_between on column 'count_mismatch': 3 in the "
+                                     "whole output"]
+    for f, kept_rows in saved.items():
+        write_docs(f, kept_rows)
+    write_docs(out, rows)
     # the removed copy kept in place of its original (counts fine): the output is checked against the
     # components' decision (a review's mutation passed the suite before)
     removed = pq.read_table(sorted((data / "dedup/aside/shards").glob("*.parquet"))[0]).to_pylist()[0]

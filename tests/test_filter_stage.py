@@ -114,10 +114,22 @@ def test_the_suite_finds_a_kept_document_the_stage_dropped(extracted, tmp_path):
     shard, kept, i = next((f, t, k) for f in sorted((data / "filter/shards").glob("*.parquet"))
                           for t in [pq.read_table(f).to_pylist()]
                           for k, r in enumerate(t) if r["dataset"] == aside[0]["dataset"])
+    original = pq.read_table(shard)
     kept[i] = {k: aside[0][k] for k in kept[i]}
     pq.write_table(pa.Table.from_pylist(kept, schema=pq.read_schema(shard)), shard)
     with pytest.raises(ExpectationFailed, match="kept_but_dropped"):
         validate_stage("filter", p)
+    pq.write_table(original, shard)
+    assert validate_stage("filter", p).success
+    # an output emptied of every document: the counts were carried on its rows, and with none it passed
+    outputs = sorted((data / "filter/shards").glob("*.parquet"))
+    documents = sum(pq.read_metadata(f).num_rows for f in outputs)
+    for f in outputs:
+        pq.write_table(pq.read_table(f).slice(0, 0), f)
+    with pytest.raises(ExpectationFailed) as failed:
+        validate_stage("filter", p)
+    assert failed.value.failures == [f"expect_column_values_to_be_between on column 'count_mismatch': {documents} "
+                                     f"in the whole output"]
 
 
 def test_the_calibration_and_the_fit_always_have_documents(extracted, tmp_path):

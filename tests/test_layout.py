@@ -55,6 +55,8 @@ def test_every_stage_is_declared_and_has_a_dvc_stage_a_flow_and_a_suite():
         if st.suite is not None:
             suite = importlib.import_module(st.suite)
             assert callable(suite.expectations) and callable(suite.batches)
+            # facts about the whole output: both hooks or neither (validate_stage checks them when `totals` is there)
+            assert hasattr(suite, "totals") == hasattr(suite, "totals_expectations"), st.suite
     inputs = {st.name: st.input for st in STAGES}
     from tasks.core.config import PipelineParams
 

@@ -103,6 +103,35 @@ def test_an_expectation_that_cannot_be_evaluated_says_why(tmp_path):
     assert not any("None unexpected" in f for f in report.failures), report.failures
 
 
+def test_a_fact_about_the_whole_output_is_checked_once_whatever_the_rows(tmp_path):
+    """Counts against a stage's own stats were carried on every row: an output emptied by a bug passed
+    (no row, no check), and a mismatch failed once per shard, naming shards that were fine."""
+    import great_expectations as gx
+    import pandas as pd
+
+    from tasks.core.schema import COLUMNS
+    from tasks.validation import doc_checks
+    from tasks.validation.runner import Batch, run_suite
+
+    def totals(mismatch: int):  # new expectations for each suite (GX refuses one in two suites)
+        return ([gx.expectations.ExpectColumnValuesToBeBetween(column="count_mismatch", min_value=0, max_value=0)],
+                {"count_mismatch": mismatch})
+
+    empty = pd.DataFrame({c: [] for c in [COLUMNS[0], "text_chars", *COLUMNS[2:]]})
+    report = run_suite("dedup", doc_checks.expectations(), iter([Batch(empty, [("s.parquet", 0, 0)])]),
+                       tmp_path / "docs", raise_on_failure=False, totals=totals(7))
+    assert report.failures == ["expect_column_values_to_be_between on column 'count_mismatch': 7 in the whole output"]
+    assert report.expectations == len(doc_checks.expectations()) + 1
+    row = {"id": "a", "text_chars": 3, "dataset": "x", "url": "", "crawl": "", "lang": "en", "lang_score": 0.9}
+    two = [Batch(pd.DataFrame([{**row, "id": f"{k}"}]), [(f"s{k}.parquet", 0, 1)]) for k in range(2)]
+    report = run_suite("dedup", doc_checks.expectations(), iter(two), tmp_path / "docs2", raise_on_failure=False,
+                       totals=totals(7))
+    assert report.failures == ["expect_column_values_to_be_between on column 'count_mismatch': 7 in the whole output"]
+    assert {"expectation": "expect_column_values_to_be_between", "column": "count_mismatch", "unexpected": 1,
+            "passed": False} in report.results
+    assert run_suite("dedup", doc_checks.expectations(), iter(two[:1]), tmp_path / "docs3", totals=totals(0)).success
+
+
 def test_a_null_text_or_language_is_refused(tmp_path):
     """GX's range and set expectations pass nulls: a document with no text or no language passed the
     document checks (a review's mutation, on a shard adopted as it was)."""

@@ -1,7 +1,9 @@
 """One great-expectations suite per stage, run on every output before the next stage starts.
 
 A stage names its suite module in its declaration (`Stage.suite`); the module provides
-`expectations()` and `batches(p, outputs_dir)`."""
+`expectations()` and `batches(p, outputs_dir)` (the rows they check), and, where the stage has facts
+about its whole output (counts against its own stats), `totals_expectations()` and
+`totals(p, outputs_dir)` ({column: value}, checked as one row whatever the output holds)."""
 from __future__ import annotations
 
 import importlib
@@ -24,9 +26,10 @@ def validate_stage(stage: str, p: PipelineParams, raise_on_failure: bool = True)
     if st.suite is None:
         return None  # the sample is the test fixture itself; it has no suite
     start = time.perf_counter()
-    suite = importlib.import_module(st.suite)
-    report = run_suite(stage, suite.expectations(), suite.batches(p, st.outputs(p.paths.data_dir)),
-                       Path(p.paths.data_dir) / "docs", raise_on_failure=False)
+    suite, outputs = importlib.import_module(st.suite), st.outputs(p.paths.data_dir)
+    totals = (suite.totals_expectations(), suite.totals(p, outputs)) if hasattr(suite, "totals") else None
+    report = run_suite(stage, suite.expectations(), suite.batches(p, outputs), Path(p.paths.data_dir) / "docs",
+                       raise_on_failure=False, totals=totals)
     report.seconds = round(time.perf_counter() - start, 3)
     record_validation(p, stage, report)
     if report.failures and raise_on_failure:

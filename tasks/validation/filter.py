@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 
 from tasks.validation import doc_checks
 
-COLUMNS = ("score", "kept_fraction_out_of_bounds", "count_mismatch", "kept_but_dropped")
+COLUMNS = ("score", "kept_but_dropped")
 
 
 def expectations() -> list:
@@ -24,9 +24,24 @@ def expectations() -> list:
     E = gx.expectations
     return doc_checks.expectations(COLUMNS) + [
         E.ExpectColumnValuesToBeBetween(column="score", min_value=0, max_value=1),
-        E.ExpectColumnValuesToBeBetween(column="kept_fraction_out_of_bounds", min_value=0, max_value=0),
-        E.ExpectColumnValuesToBeBetween(column="count_mismatch", min_value=0, max_value=0),
         E.ExpectColumnValuesToBeBetween(column="kept_but_dropped", min_value=0, max_value=0)]
+
+
+def totals_expectations() -> list:
+    import great_expectations as gx
+
+    E = gx.expectations
+    return [E.ExpectColumnValuesToBeBetween(column="kept_fraction_out_of_bounds", min_value=0, max_value=0),
+            E.ExpectColumnValuesToBeBetween(column="count_mismatch", min_value=0, max_value=0)]
+
+
+def totals(p, shards_dir: Path) -> dict:
+    """Scored datasets whose kept fraction is out of bounds, and documents the output and aside/ hold
+    against the stage's own counts: also when the classifier dropped every document."""
+    root = Path(p.paths.data_dir) / "filter"
+    stats = json.loads((root / "stats.json").read_text(encoding="utf-8"))
+    return {"kept_fraction_out_of_bounds": len(_out_of_bounds(p, stats)),
+            "count_mismatch": count_mismatch(stats, Path(shards_dir), root)}
 
 
 def _decisions(root: Path, shard: str) -> tuple[dict[str, float], dict[str, bool]]:
@@ -66,8 +81,6 @@ def count_mismatch(stats: dict, shards_dir: Path, root: Path) -> int:
 
 def batches(p, shards_dir: Path):
     root = Path(p.paths.data_dir) / "filter"
-    stats = json.loads((root / "stats.json").read_text(encoding="utf-8"))
-    bad, mismatch = _out_of_bounds(p, stats), count_mismatch(stats, Path(shards_dir), root)
     scored = set(p.filter.classifier.negatives) if p.filter.classifier.enabled else set()
 
     def columns(table: pa.Table, shard: Path) -> dict:
@@ -76,9 +89,6 @@ def batches(p, shards_dir: Path):
         # a scored dataset's kept document without a score gets -1: out of [0, 1]
         return {"score": np.array([scores.get(i, -1.0) if d in scored else scores.get(i, np.nan)
                                    for i, d in zip(ids, ds)], dtype=np.float64),
-                # on every row: a dataset the classifier dropped entirely has no row of its own
-                "kept_fraction_out_of_bounds": np.full(table.num_rows, len(bad), dtype=np.int64),
-                "count_mismatch": np.full(table.num_rows, mismatch, dtype=np.int64),
                 # an id its rules shard does not hold was not decided there: counted as not kept
                 "kept_but_dropped": np.array([not decided.get(i, False) for i in ids], dtype=np.int64)}
 

@@ -5,7 +5,7 @@ replace `text` by its length); each stage's Data Docs site, <data_dir>/docs/<sta
 per run (GX's site builder drops the pages of results its store does not hold, and a run's store holds
 its own stage only: one site per stage keeps every stage's latest report), and <data_dir>/docs/index.html
 lists the stages' reports. A violated expectation raises ExpectationFailed whose message names the expectation, the column, the
-unexpected count and the shard.
+unexpected count and the shard (for a fact about the whole output, its value).
 """
 from __future__ import annotations
 
@@ -174,22 +174,43 @@ def build_docs(ctx, stage: str) -> None:
         raise StageFailed(f"{stage}: its Data Docs were not written: {' '.join(cause.split())}")
 
 
-def run_suite(stage: str, expectations: list, batches: Iterator[Batch],
-              docs_dir: Path, raise_on_failure: bool = True) -> ValidationReport:
+def _checkpoint(ctx, name: str, expectations: list, asset_name: str = "shards"):
+    """A checkpoint running `expectations` (one suite) on the dataframe passed to each run."""
     import great_expectations as gx
 
-    site = docs_dir / stage
-    ctx = _context(site)
-    asset = ctx.data_sources.add_pandas(f"{stage}_output").add_dataframe_asset("shards")
-    suite = ctx.suites.add(gx.ExpectationSuite(name=f"{stage}_suite"))
+    asset = ctx.data_sources.add_pandas(f"{name}_output").add_dataframe_asset(asset_name)
+    suite = ctx.suites.add(gx.ExpectationSuite(name=f"{name}_suite"))
     for e in expectations:
         suite.add_expectation(e)
     vd = ctx.validation_definitions.add(gx.ValidationDefinition(
-        name=stage, data=asset.add_batch_definition_whole_dataframe("shard"), suite=suite))
-    checkpoint = ctx.checkpoints.add(gx.Checkpoint(
-        name=f"{stage}_checkpoint", validation_definitions=[vd], result_format="SUMMARY", actions=[]))
-    report = ValidationReport(stage, expectations=len(expectations), docs=str((site / "index.html").resolve()))
+        name=name, data=asset.add_batch_definition_whole_dataframe("shard"), suite=suite))
+    return ctx.checkpoints.add(gx.Checkpoint(
+        name=f"{name}_checkpoint", validation_definitions=[vd], result_format="SUMMARY", actions=[]))
+
+
+def _check_totals(ctx, stage: str, expectations: list, facts: dict, table: dict) -> list[str]:
+    """Facts about the whole output (e.g. documents in it against the stage's own counts), one row checked
+    by a suite of their own: carried on every document row they vanished with the rows (an output emptied
+    by a bug passed) and failed once per shard, naming shards that were fine."""
+    result = _checkpoint(ctx, f"{stage}_totals", expectations, asset_name="facts").run(
+        batch_parameters={"dataframe": pd.DataFrame([facts])}, run_id=None)
+    _tally(result, table)
+    return [f"{t} on column '{col}': {facts[col] if col in facts else found} in the whole output"
+            for t, col, found in _failures(result)]
+
+
+def run_suite(stage: str, expectations: list, batches: Iterator[Batch],
+              docs_dir: Path, raise_on_failure: bool = True,
+              totals: tuple[list, dict] | None = None) -> ValidationReport:
+    """`totals`: (expectations, {column: value}) on facts about the whole output, checked first."""
+    site = docs_dir / stage
+    ctx = _context(site)
+    checkpoint = _checkpoint(ctx, stage, expectations)
+    report = ValidationReport(stage, expectations=len(expectations) + len(totals[0] if totals else ()),
+                              docs=str((site / "index.html").resolve()))
     table: dict = {}
+    if totals is not None:
+        report.failures += _check_totals(ctx, stage, *totals, table)
     for batch in batches:
         report.batches += 1
         result = checkpoint.run(batch_parameters={"dataframe": batch.frame}, run_id=None)
