@@ -265,3 +265,11 @@ def test_real_tasks_on_the_sample_remove_every_planted_passage(extracted, tmp_pa
     write_docs(shards[0], rows)
     with pytest.raises(ExpectationFailed, match=r"expect_column_values_to_be_between on column 'task_ngram_hits': 1 unexpected"):
         validate_stage("decontaminate", p)
+    # an output emptied of every document: nothing left to re-scan, and it passed
+    documents = sum(pq.read_metadata(f).num_rows for f in shards)
+    for f in shards:
+        write_docs(f, [])
+    with pytest.raises(ExpectationFailed) as failed:
+        validate_stage("decontaminate", p)
+    assert failed.value.failures == [f"expect_column_values_to_be_between on column 'documents_unlike_stats': "
+                                     f"{documents} in the whole output"]

@@ -1,5 +1,5 @@
-"""Expectations on `decontaminate`: the document schema, and a re-scan of every output document
-that finds no task n-gram left (other than those ignored as too frequent)."""
+"""Expectations on `decontaminate`: the document schema, as many documents as stats.json says, and a
+re-scan of every output document that finds no task n-gram left (other than those ignored as too frequent)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,6 +10,7 @@ import pyarrow as pa
 from tasks.decontaminate.matching import batch_hits
 from tasks.decontaminate.stage import finished_index
 from tasks.validation import doc_checks
+from tasks.validation.doc_checks import totals, totals_expectations  # noqa: F401 - this suite's totals
 
 
 def expectations() -> list:

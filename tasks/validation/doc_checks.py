@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from tasks.core.identity import read_json
 from tasks.core.schema import COLUMNS
 from tasks.extract.langid import LABELS
 from tasks.validation.runner import Batch
@@ -37,6 +38,24 @@ def expectations(extra_columns: tuple[str, ...] = (), require_rows: bool = False
         E.ExpectColumnValuesToNotBeNull(column="lang_score"),
         E.ExpectColumnValuesToBeBetween(column="lang_score", min_value=0, max_value=1),
     ]
+
+
+def totals_expectations() -> list:
+    """The output holds as many documents as its stage says it wrote: checked once, also when it holds none
+    (a shard emptied or lost after the stage ended passed the row checks)."""
+    import great_expectations as gx
+
+    return [gx.expectations.ExpectColumnValuesToBeBetween(column="documents_unlike_stats", min_value=0, max_value=0)]
+
+
+def totals(p, shards_dir: Path) -> dict:
+    """|documents in the output shards - stats.json's docs_out| (the stage's folder holds both); 0 for
+    outputs adopted by hand (runner.adopt_outputs), which no stage counted."""
+    stats = read_json(Path(shards_dir).parent / "stats.json") or {}
+    if "docs_out" not in stats:
+        return {"documents_unlike_stats": 0}
+    rows = sum(pq.read_metadata(f).num_rows for f in sorted(Path(shards_dir).glob("*.parquet")))
+    return {"documents_unlike_stats": abs(rows - int(stats["docs_out"]))}
 
 
 def _shard_table(f: Path, extra_columns: Callable[[pa.Table, Path], dict] | None) -> pa.Table:
