@@ -91,7 +91,7 @@ bench: install $(BENCH_STAMP)
 
 ## On a machine with a CUDA GPU and CuPy, every check that needs one, each logged into GPU_LOGS
 ## (benchmarks/gpu_check.py says which). It needs no venv: `make gpu-check PY=python3` runs with a system
-## python that has torch, CuPy and pydantic; where there is no GPU it stops at once with one line.
+## python that has torch, CuPy, pydantic, numba and pytest; where there is no GPU it stops at once with one line.
 GPU_LOGS ?= gpu-logs
 gpu-check:
 	exec $(PY) -m benchmarks.gpu_check --logs "$(GPU_LOGS)"

@@ -7,7 +7,8 @@ The fused kernels against their references (tests/test_kernels_gpu.py), the kern
 launch-shape sweep (the table the kernels' defaults were chosen from). Each step's log is in --logs and
 its last lines are printed; a failed step does not stop the others, and the check then ends 1. Where
 there is no CUDA GPU with CuPy it stops at once with one line, rather than report the skipped tests as
-passed. It needs no venv: a system python with torch, CuPy and pydantic (the step imports trainer/)."""
+passed. It needs no venv: a system python with torch, CuPy, pydantic (the step imports trainer/), numba
+(the MinHash step) and pytest."""
 from __future__ import annotations
 
 import argparse

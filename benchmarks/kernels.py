@@ -32,7 +32,11 @@ DENSE_BF16_PEAK = 989e12
 
 
 def compile_only() -> int:
-    failures = compile_check.compile_all()
+    try:
+        failures = compile_check.compile_all()
+    except FileNotFoundError as e:  # no nvcc: nothing to check with, said in one line
+        print(f"benchmarks.kernels: {e}", file=sys.stderr)
+        return 2
     for (file, arch), err in failures.items():
         print(f"FAILED {file} {arch}: {err.splitlines()[0] if err else ''}")
     print(f"compiled {len(compile_check.runtime.SOURCES)} kernel sources for {', '.join(compile_check.ARCHES)}: "

@@ -19,6 +19,7 @@ import argparse  # noqa: E402 - after the sys.path repair above
 import json  # noqa: E402
 import re  # noqa: E402
 import traceback  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -67,6 +68,11 @@ def run(stage: str, params_file: str) -> dict:
     loaded_code_digest(registry.stage(stage).code)  # imported above: the code it runs (input checks take time)
     loaded_code_digest((VALIDATION_CODE,))
     params = load_params(params_file)
+    if os.environ.get("DVC_STAGE") and Path(params.paths.data_dir).resolve() != Path("data").resolve():
+        # dvc.yaml's outputs are data/...: the stage would run, and DVC then fail on an output not written
+        raise ConfigError(f"paths.data_dir is {params.paths.data_dir}, and dvc.yaml's stages read and write "
+                          f"data/: `dvc repro` needs data_dir: data (`make run` takes any data_dir, and does not "
+                          f"record it in dvc.lock)")
     # the limit after Ctrl-C: a shard blocked in a stalled download needs up to its timeout
     interrupts.install(interrupts.EXIT_WITHIN_S + params.download.timeout_s)
     dvc = lifeline.ancestor_running("dvc") if os.environ.get("DVC_STAGE") else None

@@ -41,6 +41,16 @@ def test_keep_going_runs_every_step_logs_each_and_prints_its_tail(tmp_path, capf
     assert run(steps[1:], keep_going=True) == 0
 
 
+def test_make_bench_runs_every_benchmark_also_after_one_fails(monkeypatch):
+    """eval stopped `make bench` on a fresh clone (it needs `make run`'s tokenizer): kernels and determinism
+    never ran."""
+    called = {}
+    monkeypatch.setattr(sequence, "run", lambda steps, **kw: called.update(steps=steps, **kw) or 0)
+    assert sequence.main([]) == 0
+    assert [s.name for s in called["steps"]] == [f"benchmarks.{n}" for n in sequence.BENCHMARKS]
+    assert called["keep_going"] is True
+
+
 def test_unknown_benchmark_is_a_one_line_usage_error(capsys):
     with pytest.raises(SystemExit) as exit:
         sequence.main(["train", "nosuch"])

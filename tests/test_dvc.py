@@ -112,6 +112,31 @@ def test_a_failed_dvc_commit_names_dvcs_cause(tmp_path, monkeypatch):
     assert str(e.value) == "dvc commit failed: failed to commit sample - output 'data/sample/corpus' does not exist"
 
 
+def test_a_data_dir_other_than_dvcs_is_not_recorded_and_dvc_repro_refuses_it(tmp_path, monkeypatch):
+    """dvc.yaml's stages read and write data/: with params.yaml's data_dir elsewhere, `make run` ran every
+    stage and then failed in `dvc commit` ("output 'data/sample/corpus' does not exist"), and `dvc repro`
+    ran a stage before DVC failed on its output."""
+    import sys
+
+    from flows.dvc_sync import record_in_dvc
+    from tasks.core.config import load_params
+    root = small_dvc_project(tmp_path / "repo", git=True)
+    raw = yaml.safe_load((root / "params.yaml").read_text())
+    raw["paths"]["data_dir"] = str(tmp_path / "big-disk")
+    (root / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    monkeypatch.chdir(root)
+    assert record_in_dvc(["sample"], load_params("params.yaml")) == (  # DVC is not asked
+        f"not recorded in dvc.lock: paths.data_dir is {tmp_path / 'big-disk'}, and dvc.yaml's stages read and "
+        f"write {root / 'data'} (DVC records outputs there only)")
+    out = subprocess.run([sys.executable, "-m", "tasks", "sample"], cwd=root, capture_output=True, text=True,
+                         env={**ENV, "DVC_STAGE": "sample", "PYTHONPATH": str(REPO)})
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.splitlines() == [
+        f"configuration error: paths.data_dir is {tmp_path / 'big-disk'}, and dvc.yaml's stages read and write data/: "
+        f"`dvc repro` needs data_dir: data (`make run` takes any data_dir, and does not record it in dvc.lock)"]
+    assert not (tmp_path / "big-disk").exists()
+
+
 def test_a_stage_whose_code_changed_while_the_run_was_under_way_is_not_recorded(tmp_path, monkeypatch,
                                                                                 copied_sources):
     """Its outputs are what the code loaded at the run's start made; recorded against the edited code,

@@ -154,6 +154,17 @@ def test_every_kernel_source_compiles_with_nvcc_for_sm80_and_sm90():
     assert compile_check.compile_all(("sm_80", "sm_90")) == {}
 
 
+def test_the_compile_check_without_nvcc_says_so_in_one_line(monkeypatch, capsys):
+    """Without the CUDA toolkit `benchmarks.kernels --compile-only` (and, with no GPU, the plain command)
+    ended in a FileNotFoundError traceback."""
+    from benchmarks import kernels as bench
+
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None)
+    assert bench.main(["--compile-only"]) == 2
+    out, err = capsys.readouterr()
+    assert err == "benchmarks.kernels: nvcc not found on PATH: install the CUDA toolkit to compile the kernels\n"
+
+
 def test_compile_check_reports_a_broken_kernel(tmp_path, monkeypatch):
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc (CUDA toolkit) not installed")

@@ -37,7 +37,8 @@ class PathsParams(Strict):
 
 
 class RunnerParams(Strict):
-    """How shards run in parallel inside a Prefect flow (dvc repro uses `workers`)."""
+    """How shards run in parallel inside a Prefect flow (`make run`, the UI); `python -m tasks`, and so
+    `dvc repro`, runs a stage's shards one after another."""
 
     kind: Literal["sequential", "threads", "processes", "dask"] = "threads"
     max_workers: int = Field(2, ge=1, le=512)
