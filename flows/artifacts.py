@@ -153,7 +153,8 @@ def _validation_cell(val: dict | None) -> str:
     stats say pending), passed, or failed with its count."""
     if not val or val.get("success") is None:
         return "-" if not val else "not run"
-    return "passed" if val["success"] else f"**failed** ({len(val.get('failures', []))} failures)"
+    count = val.get("failure_count", len(val.get("failures", [])))  # stats.json keeps the first 20 only
+    return "passed" if val["success"] else f"**failed** ({count} failures)"
 
 
 def summary_markdown(rows: list[dict], p: PipelineParams, outcome: str) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from tasks.core import interrupts, registry
-from tasks.core.config import ConfigError, PipelineParams, load_params
+from tasks.core.config import ConfigError, PipelineParams, load_params, untracked_data_dir
 from tasks.core.runner import stats_path
 from tasks.core.source import changed_since_loaded
 
@@ -43,11 +43,6 @@ def dvc_error(output: str) -> str:
     return (errors or lines or ["no output"])[-1]
 
 
-def tracked_data_dir(p: PipelineParams, root: Path) -> bool:
-    """Whether `p`'s data_dir is dvc.yaml's data/ (its outputs and deps are written as data/...)."""
-    return Path(p.paths.data_dir).resolve() == (root / "data").resolve()
-
-
 def record_in_dvc(stages: list[str], p: PipelineParams) -> str:
     """`dvc commit` the stages when `p` is exactly what dvc.yaml's stages read: the repo's params.yaml
     (not the file the run was given, which may be another: an experiment)."""
@@ -62,9 +57,8 @@ def record_in_dvc(stages: list[str], p: PipelineParams) -> str:
             return "parameters differ from params.yaml: run not recorded in dvc.lock"
     except ConfigError as e:
         return f"params.yaml unreadable ({e}): run not recorded"
-    if not tracked_data_dir(p, root):  # dvc commit would fail on the first output, after every stage ran
-        return (f"not recorded in dvc.lock: paths.data_dir is {p.paths.data_dir}, and dvc.yaml's stages "
-                f"read and write {root / 'data'} (DVC records outputs there only)")
+    if why := untracked_data_dir(p.paths.data_dir, root):  # dvc commit would fail on its first output
+        return f"not recorded in dvc.lock: {why}"
     edited = [s for s in stages if changed_since_loaded(registry.stage(s).code)]
     stages = [s for s in stages if s not in edited]
     skipped = (f"not recorded in dvc.lock: the code of {', '.join(edited)} changed while the run was under way "

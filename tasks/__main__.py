@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(stage: str, params_file: str) -> dict:
     from tasks.core import interrupts, lifeline, registry
-    from tasks.core.config import load_params
+    from tasks.core.config import load_params, untracked_data_dir
     from tasks.core.errors import CodeChanged, ConfigError, naming_full_disk
     from tasks.core.source import changed_since_loaded, loaded_code_digest
     from tasks.core.registry import PIPELINE
@@ -68,11 +68,10 @@ def run(stage: str, params_file: str) -> dict:
     loaded_code_digest(registry.stage(stage).code)  # imported above: the code it runs (input checks take time)
     loaded_code_digest((VALIDATION_CODE,))
     params = load_params(params_file)
-    if os.environ.get("DVC_STAGE") and Path(params.paths.data_dir).resolve() != Path("data").resolve():
-        # dvc.yaml's outputs are data/...: the stage would run, and DVC then fail on an output not written
-        raise ConfigError(f"paths.data_dir is {params.paths.data_dir}, and dvc.yaml's stages read and write "
-                          f"data/: `dvc repro` needs data_dir: data (`make run` takes any data_dir, and does not "
-                          f"record it in dvc.lock)")
+    # under dvc repro (run in the project's folder): the stage would run, and DVC then fail on its outputs
+    if os.environ.get("DVC_STAGE") and (why := untracked_data_dir(params.paths.data_dir, Path.cwd())):
+        raise ConfigError(f"{why}: `dvc repro` needs data_dir: data, inside the repository (`make run` takes "
+                          f"any data_dir, and does not record it in dvc.lock)")
     # the limit after Ctrl-C: a shard blocked in a stalled download needs up to its timeout
     interrupts.install(interrupts.EXIT_WITHIN_S + params.download.timeout_s)
     dvc = lifeline.ancestor_running("dvc") if os.environ.get("DVC_STAGE") else None

@@ -1,6 +1,8 @@
 """The stage artifact's markdown (flows.artifacts): what a user reads in the Prefect UI."""
 from __future__ import annotations
 
+import json
+
 from flows.artifacts import default_ui, stats_markdown
 from tasks.core.config import parse_params
 
@@ -35,6 +37,19 @@ def test_the_summary_reads_a_stage_stopped_before_its_validation():
     assert "| passed |" in lines[4] and "| **failed** (2 failures) |" in lines[5]
     assert "| not run |" in lines[6] and "**I/O error: No space left on device (ENOSPC)" in lines[6]
     assert lines[7].split("|")[6] == " - "
+
+
+def test_the_summary_counts_every_failure_not_the_20_stats_json_keeps(tmp_path):
+    from flows.artifacts import summary_markdown
+    from tasks.validation import ValidationReport, record_validation
+    p = parse_params({"paths": {"data_dir": str(tmp_path)}})
+    (tmp_path / "extract").mkdir()
+    (tmp_path / "extract" / "stats.json").write_text('{"stage": "extract"}')
+    record_validation(p, "extract", ValidationReport("extract", failures=[f"failure {i}" for i in range(57)]))
+    val = json.loads((tmp_path / "extract" / "stats.json").read_text())["validation"]
+    assert len(val["failures"]) == 20 and val["failure_count"] == 57
+    lines = summary_markdown([{"stage": "extract", "stats": {"validation": val}}], p, "failed").splitlines()
+    assert "| **failed** (57 failures) |" in lines[4], lines[4]
 
 
 def test_a_stage_found_up_to_date_says_so_and_its_key_is_no_metric():

@@ -125,16 +125,28 @@ def test_a_data_dir_other_than_dvcs_is_not_recorded_and_dvc_repro_refuses_it(tmp
     raw["paths"]["data_dir"] = str(tmp_path / "big-disk")
     (root / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     monkeypatch.chdir(root)
-    assert record_in_dvc(["sample"], load_params("params.yaml")) == (  # DVC is not asked
-        f"not recorded in dvc.lock: paths.data_dir is {tmp_path / 'big-disk'}, and dvc.yaml's stages read and "
-        f"write {root / 'data'} (DVC records outputs there only)")
-    out = subprocess.run([sys.executable, "-m", "tasks", "sample"], cwd=root, capture_output=True, text=True,
-                         env={**ENV, "DVC_STAGE": "sample", "PYTHONPATH": str(REPO)})
+    why = f"paths.data_dir is {tmp_path / 'big-disk'}, and dvc.yaml's stages read and write {root / 'data'}"
+    assert record_in_dvc(["sample"], load_params("params.yaml")) == f"not recorded in dvc.lock: {why}"  # DVC not asked
+
+    def under_dvc_repro() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "tasks", "sample"], cwd=root, capture_output=True, text=True,
+                              env={**ENV, "DVC_STAGE": "sample", "PYTHONPATH": str(REPO)})
+
+    out = under_dvc_repro()
     assert out.returncode == 2, out.stderr
-    assert out.stderr.splitlines() == [
-        f"configuration error: paths.data_dir is {tmp_path / 'big-disk'}, and dvc.yaml's stages read and write data/: "
-        f"`dvc repro` needs data_dir: data (`make run` takes any data_dir, and does not record it in dvc.lock)"]
+    assert out.stderr.splitlines() == [f"configuration error: {why}: `dvc repro` needs data_dir: data, inside the "
+                                       f"repository (`make run` takes any data_dir, and does not record it in dvc.lock)"]
     assert not (tmp_path / "big-disk").exists()
+    # data/ a symlink to that disk, data_dir: data: DVC refuses outputs behind it ("is outside of git repository")
+    (tmp_path / "big-disk").mkdir()
+    (root / "data").symlink_to(tmp_path / "big-disk")
+    raw["paths"]["data_dir"] = "data"
+    (root / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    why = f"{root / 'data'} leads out of the repository (to {tmp_path / 'big-disk'}), and DVC records nothing outside it"
+    assert record_in_dvc(["sample"], load_params("params.yaml")) == f"not recorded in dvc.lock: {why}"
+    out = under_dvc_repro()
+    assert out.returncode == 2 and out.stderr.startswith(f"configuration error: {why}: "), out.stderr
+    assert not any((tmp_path / "big-disk").iterdir())
 
 
 def test_a_stage_whose_code_changed_while_the_run_was_under_way_is_not_recorded(tmp_path, monkeypatch,

@@ -256,6 +256,18 @@ def load_params(path: str | Path = "params.yaml") -> PipelineParams:
     return parse_params(raw, str(path))
 
 
+def untracked_data_dir(data_dir: str | Path, root: Path) -> str | None:
+    """Why DVC cannot record outputs written under `data_dir` for the project at `root`, whose dvc.yaml names
+    them data/...: another folder, or a data/ that is a symlink leading out of the repository (DVC records
+    nothing outside it); None when it can."""
+    data = Path(data_dir).resolve()
+    if data != (root / "data").resolve():
+        return f"paths.data_dir is {data_dir}, and dvc.yaml's stages read and write {root / 'data'}"
+    if not data.is_relative_to(root.resolve()):
+        return f"{root / 'data'} leads out of the repository (to {data}), and DVC records nothing outside it"
+    return None
+
+
 def enter_project(params_file: str) -> str:
     """A command naming the params file of a project (the nearest folder above the file with a dvc.yaml) from
     another working directory runs in that project's folder, as `dvc repro` runs its stages: the file's

@@ -75,7 +75,8 @@ def record_validation(p: PipelineParams, stage: str, report: ValidationReport) -
         return
     stats = json.loads(path.read_text(encoding="utf-8"))
     stats["validation"] = {"success": report.success, "expectations": report.expectations,
-                           "batches": report.batches, "failures": report.failures[:20], "docs": report.docs,
+                           "batches": report.batches, "failures": report.failures[:20],  # the first 20,
+                           "failure_count": len(report.failures), "docs": report.docs,  # and how many in all
                            "results": report.results}
     stats["validation_seconds"] = report.seconds
     atomic_write_text(path, json.dumps(stats, indent=2, sort_keys=True) + "\n")

@@ -195,6 +195,9 @@ def _check_totals(ctx, stage: str, expectations: list, facts: dict, table: dict)
     result = _checkpoint(ctx, f"{stage}_totals", expectations, asset_name="facts").run(
         batch_parameters={"dataframe": pd.DataFrame([facts])}, run_id=None)
     _tally(result, table)
+    for (_, col), row in table.items():  # a failed fact's value (documents), not the one row that carried it
+        if col in facts and isinstance(facts[col], int) and not row["passed"]:
+            row["unexpected"] = facts[col]
     return [f"{t} on column '{col}': {facts[col] if col in facts else found} in the whole output"
             for t, col, found in _failures(result)]
 
