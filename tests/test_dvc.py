@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tasks.core.registry import PIPELINE
 from tests.conftest import BENCHMARKS, BIN, REPO
 from tests.project_copy import copy_project
 
@@ -68,6 +69,15 @@ def test_repro_then_noop_then_only_changed_stages(tmp_path):
     assert ran(log) == [] and "Stage 'dedup' is cached - skipping run" in log, log
     for stage in ("download", "dedup", "evaluate"):
         assert (repo / f"data/docs/{stage}/index.html").is_file() and (repo / f"data/docs/{stage}/summary.json").is_file()
+
+    # an edited suite: every validated stage is out of date, as its key says (DVC said up to date, and the
+    # outputs stood unchecked by the new suite)
+    suite = repo / "tasks/validation/dedup.py"
+    text = suite.read_text()
+    suite.write_text(text + "\nRECHECKED = True\n")
+    status = json.loads(dvc(repo, "status", "--json").strip().splitlines()[-1])
+    assert sorted(status) == sorted(set(PIPELINE) - {"sample"}), status
+    suite.write_text(text)
 
     # an edited task file: the stages that read the task files are out of date (DVC said up to date)
     boolq = bench / "boolq" / "dev.jsonl"
