@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from flows.artifacts import publish
 from flows.runners import build_task_runner
-from flows.shard_threads import ShardThreads, running_shard
+from tasks.core.shard_threads import ShardThreads, running_shard
 from tasks.core.config import PipelineParams, load_params
 from tasks.core.errors import ConfigError, describe, naming_full_disk
 from tasks.core.passes import Shard
@@ -32,7 +32,7 @@ from tasks.validation import ExpectationFailed, recorded_validation_stands, vali
 
 @task(name="shard", task_run_name="{stage}.{pass_name}:{shard.name}", cache_policy=NO_CACHE, persist_result=False)
 def shard_task(stage: str, pass_name: str, params: PipelineParams, shard: Shard, ctx: Context) -> dict:
-    with running_shard():  # an interrupt of the run reaches it (flows/shard_threads.py)
+    with running_shard():  # an interrupt of the run reaches it (tasks/core/shard_threads.py)
         return process_shard(stage, pass_name, params, shard, ctx)
 
 

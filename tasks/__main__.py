@@ -79,7 +79,7 @@ def run(stage: str, params_file: str) -> dict:
         lifeline.stop_when_gone(dvc, f"stage '{stage}': dvc repro, which ran it, is gone (killed?); stopping it")
     with naming_full_disk(params.paths.data_dir), stage_lock(params, stage):
         lifeline.guard_descendants()  # what the stage starts (sandboxed extraction, ranks) ends with it
-        stats = run_stage(stage, params, validation_follows=True,
+        stats = run_stage(stage, params, shard_mapper(params.runner), validation_follows=True,
                           skip_up_to_date=recorded_validation_stands(stage, params))
         for line in stats.get("warnings", []):  # before the validation, whose failure they may explain
             print(f"warning: {line}", file=sys.stderr)
@@ -93,6 +93,17 @@ def run(stage: str, params_file: str) -> dict:
     if report is not None:
         summary["validation"] = {"batches": report.batches, "docs": report.docs}
     return summary
+
+
+def shard_mapper(r):
+    """How this command runs a pass's shards: in runner.max_workers threads, one after another for kind
+    sequential. The processes and dask runners are the Prefect flows' (their workers are Prefect's)."""
+    from tasks.core.shard_threads import map_in_threads
+
+    if r.kind not in ("sequential", "threads"):
+        print(f"note: runner.kind {r.kind} applies to the Prefect flows; python -m tasks runs shards in "
+              f"{r.max_workers} threads", file=sys.stderr)
+    return map_in_threads(1 if r.kind == "sequential" else r.max_workers)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""An interrupt of the main thread stops the threads running a stage's shards (flows/shard_threads.py,
+"""An interrupt of the main thread stops the threads running a stage's shards (tasks/core/shard_threads.py,
 tasks/core/stopping.py), with a thread pool that copies the context into each task as Prefect's
 ThreadPoolTaskRunner does."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from flows.shard_threads import ShardThreads, running_shard
+from tasks.core.shard_threads import ShardThreads, running_shard
 from tasks.core import interrupts, stopping
 from tasks.core.stopping import ShardsStopped
 
@@ -124,3 +124,76 @@ def test_a_shard_starting_after_the_stop_does_not_start():
 def test_outside_a_run_that_maps_shards_the_checks_do_nothing():
     stopping.check()
     stopping.sleep(0.01)
+
+
+def test_python_m_tasks_runs_a_passs_shards_in_threads_results_in_shard_order():
+    """`python -m tasks` (and so `dvc repro`) ran shards one after another whatever runner.max_workers said:
+    both shards must be in flight at once to pass the barrier."""
+    from tasks.core.shard_threads import map_in_threads
+    both = threading.Barrier(2, timeout=120)  # a guard against a hang, not a timing check
+
+    def work(stage, pass_name, p, shard, ctx) -> dict:
+        both.wait()
+        return {"shard": shard, "thread": threading.current_thread().name}
+
+    out = map_in_threads(2, work)("extract", "text", None, ["a", "b"], None)
+    assert [r["shard"] for r in out] == ["a", "b"]
+    assert all(r["thread"].startswith("extract.text") for r in out)
+    assert map_in_threads(1, lambda *a: {"shard": a[3]})("extract", "text", None, ["a", "b"], None) == \
+        [{"shard": "a"}, {"shard": "b"}]
+
+
+def test_a_failed_shard_fails_the_pass_with_the_first_failure_in_shard_order():
+    from tasks.core.shard_threads import map_in_threads
+    second_failed = threading.Event()
+
+    def work(stage, pass_name, p, shard, ctx) -> dict:
+        if shard == 1:
+            second_failed.set()
+            raise ValueError("shard 1")
+        assert second_failed.wait(120)  # shard 0 fails after shard 1 did
+        raise ValueError("shard 0")
+
+    with pytest.raises(ValueError, match="^shard 0$"):
+        map_in_threads(2, work)("extract", "text", None, [0, 1], None)
+
+
+def test_an_interrupt_of_the_command_stops_its_shard_threads():
+    import os
+    import signal
+
+    from tasks.core.shard_threads import map_in_threads
+    started, outcomes = threading.Barrier(3, timeout=120), {}
+
+    def work(stage, pass_name, p, shard, ctx) -> dict:
+        started.wait()
+        try:
+            while True:
+                stopping.sleep(0.01)
+        except ShardsStopped:
+            outcomes[shard] = "stopped"
+            raise
+
+    def interrupt(*_):
+        raise KeyboardInterrupt  # as tasks.core.interrupts' handlers do, in the main thread
+
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    try:
+        waiter = threading.Thread(target=lambda: (started.wait(), os.kill(os.getpid(), signal.SIGUSR1)))
+        waiter.start()
+        with pytest.raises(KeyboardInterrupt):
+            map_in_threads(2, work)("extract", "text", None, ["a", "b"], None)
+        waiter.join()
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert outcomes == {"a": "stopped", "b": "stopped"}
+
+
+def test_the_command_says_that_processes_and_dask_are_the_flows(capsys):
+    from tasks.__main__ import shard_mapper
+    from tasks.core.config import RunnerParams
+    shard_mapper(RunnerParams(kind="threads"))
+    assert capsys.readouterr().err == ""
+    shard_mapper(RunnerParams(kind="processes", max_workers=4))
+    assert capsys.readouterr().err == ("note: runner.kind processes applies to the Prefect flows; python -m tasks "
+                                       "runs shards in 4 threads\n")

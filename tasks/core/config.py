@@ -37,8 +37,8 @@ class PathsParams(Strict):
 
 
 class RunnerParams(Strict):
-    """How shards run in parallel inside a Prefect flow (`make run`, the UI); `python -m tasks`, and so
-    `dvc repro`, runs a stage's shards one after another."""
+    """How shards run in parallel. `python -m tasks` (and so `dvc repro`) runs them in max_workers threads
+    (one after another for sequential); processes and dask apply to the Prefect flows."""
 
     kind: Literal["sequential", "threads", "processes", "dask"] = "threads"
     max_workers: int = Field(2, ge=1, le=512)

@@ -176,7 +176,7 @@ def _in_the_hook(frame) -> bool:
 
 def importing(frame) -> bool:
     """Whether the thread running `frame` is anywhere inside an import. An exception raised in another
-    thread (flows/shard_threads.py) lands at whatever bytecode that thread runs next, maybe in
+    thread (tasks/core/shard_threads.py) lands at whatever bytecode that thread runs next, maybe in
     importlib's lock windows, so there the whole import is avoided."""
     while frame is not None:
         if _importlib_code(frame.f_code):

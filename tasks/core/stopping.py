@@ -1,6 +1,6 @@
 """A stop asked of the shards running in worker threads, which never get the KeyboardInterrupt themselves.
 
-The flows layer (flows/shard_threads.py) asks it when the run is interrupted or cancelled. Shard code
+The shard threads (tasks/core/shard_threads.py) ask it when the run is interrupted or cancelled. Shard code
 checks it where it loops (a document written or read, a page extracted, a chunk downloaded), so it
 stops at a known point rather than wherever an asynchronous exception would land (inside an import
 lock, say). The flag travels in a context variable, which Prefect copies into each task's thread;

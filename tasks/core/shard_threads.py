@@ -16,6 +16,9 @@ progress had finished: seconds on the sample, many minutes for a real WARC file.
 A shard stopped midway leaves only a temporary file (its output and marker are written atomically, as
 after kill -9); the rerun redoes it. The processes and dask runners' workers get the terminal's SIGINT
 themselves.
+
+`map_in_threads` is how `python -m tasks` (and so `dvc repro`) runs a pass's shards: in
+`runner.max_workers` threads, as the Prefect flows' threads runner does (it ran them one after another).
 """
 from __future__ import annotations
 
@@ -25,6 +28,8 @@ import ctypes
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Callable
 
 from tasks.core.interrupts import importing
 from tasks.core.stopping import ShardsStopped, stoppable
@@ -114,3 +119,37 @@ def running_shard():
     finally:
         with threads._lock:
             threads._idents.discard(ident)
+
+
+def map_in_threads(workers: int, work: Callable[..., dict] | None = None):
+    """A MapShards (tasks.core.runner) running each shard's `work` (process_shard) in up to `workers`
+    threads. The results come in shard order; after a failure the shards already running finish (their
+    outputs count for the rerun), those not started do not start, and the first failure in shard order
+    is raised. An interrupt of the main thread stops the running shards (ShardThreads)."""
+    def mapper(stage: str, pass_name: str, p, shards: list, ctx) -> list[dict]:
+        from tasks.core.runner import process_shard
+        run = work or process_shard
+
+        def shard(s) -> dict:
+            with running_shard():
+                return run(stage, pass_name, p, s, ctx)
+
+        if workers <= 1 or len(shards) <= 1:
+            return [run(stage, pass_name, p, s, ctx) for s in shards]
+        with ThreadPoolExecutor(min(workers, len(shards)), thread_name_prefix=f"{stage}.{pass_name}") as pool:
+            try:
+                with ShardThreads().mapping():  # inside the pool: stopped before the pool waits for its threads
+                    futures = [pool.submit(contextvars.copy_context().run, shard, s) for s in shards]
+                    done, _ = wait(futures, return_when="FIRST_EXCEPTION")
+                    if any(f.exception() is not None for f in done):
+                        for f in futures:
+                            f.cancel()  # not started: not started
+                    wait(futures)
+            except BaseException:
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
+            for f in futures:  # the first failure in shard order, as one after another would have met it
+                if not f.cancelled() and f.exception() is not None:
+                    raise f.exception()
+            return [f.result() for f in futures]
+    return mapper
