@@ -100,10 +100,17 @@ def shard_mapper(r):
     sequential. The processes and dask runners are the Prefect flows' (their workers are Prefect's)."""
     from tasks.core.shard_threads import map_in_threads
 
-    if r.kind not in ("sequential", "threads"):
-        print(f"note: runner.kind {r.kind} applies to the Prefect flows; python -m tasks runs shards in "
-              f"{r.max_workers} threads", file=sys.stderr)
-    return map_in_threads(1 if r.kind == "sequential" else r.max_workers)
+    mapper = map_in_threads(1 if r.kind == "sequential" else r.max_workers)
+    if r.kind in ("sequential", "threads"):
+        return mapper
+    said = []
+
+    def noting(stage, pass_name, p, shards, ctx):  # said once, where it matters (not before a refusal)
+        if len(shards) > 1 and not said:
+            said.append(print(f"note: runner.kind {r.kind} applies to the Prefect flows; python -m tasks runs "
+                              f"shards in {r.max_workers} threads", file=sys.stderr))
+        return mapper(stage, pass_name, p, shards, ctx)
+    return noting
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import gzip
+import sys
 import threading
+import time
 from dataclasses import replace
 
 import pytest
@@ -21,6 +23,7 @@ class FaultHandler(StaticHandler):
     faults: list[str] = []  # consumed one per request; "ok" when empty
     log: list[dict] = []
     released = threading.Event()  # "slow" stalls until the test ends: longer than any client time limit
+    stalled = threading.Event()  # "stall_mid" sent what it sends
 
     def send_body(self, data, start, status):
         fault = self.faults.pop(0) if self.faults else "ok"
@@ -43,6 +46,14 @@ class FaultHandler(StaticHandler):
             self.wfile.write(data[start:start + (len(data) - start) // 2])
             self.wfile.flush()
             self.close_connection = True
+        elif fault == "stall_mid":  # half the body, then nothing until the test ends
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data) - start))
+            self.end_headers()
+            self.wfile.write(data[start:start + (len(data) - start) // 2])
+            self.wfile.flush()
+            self.stalled.set()
+            self.released.wait(timeout=600)
         elif fault == "truncated":  # a complete HTTP transfer of an incomplete gzip
             super().send_body(data[: len(data) - 100], start, 200)
         elif fault == "ignore_range":
@@ -55,6 +66,7 @@ class FaultHandler(StaticHandler):
 def server(tmp_path):
     (tmp_path / "f.warc.gz").write_bytes(PAYLOAD)
     FaultHandler.faults, FaultHandler.log, FaultHandler.released = [], [], threading.Event()
+    FaultHandler.stalled = threading.Event()
     with StaticServer(tmp_path, FaultHandler) as url:
         yield url
         FaultHandler.released.set()
@@ -92,6 +104,50 @@ def test_slow_response_times_out_and_retries(server, tmp_path):
     # the stall outlasts any limit, and the retry must answer within it on a loaded machine: 10 s, not 2
     rep = fetch(f"{server}/f.warc.gz", tmp_path / "out", replace(FAST, timeout_s=10.0))
     assert rep.attempts == 2 and (tmp_path / "out").read_bytes() == PAYLOAD
+
+
+def in_socket_read(thread: threading.Thread) -> bool:
+    frame, names = sys._current_frames().get(thread.ident), []
+    while frame is not None:
+        names.append(frame.f_code.co_name)
+        frame = frame.f_back
+    return names[:1] == ["readinto"] and "_stream" in names
+
+
+def test_a_stop_ends_a_read_stalled_mid_transfer_at_once(server, tmp_path):
+    """A shard thread waiting on a stalled server got no check and no asynchronous exception until the
+    read timed out (download.timeout_s): `python -m tasks download` took 16 s to stop instead of 0.2
+    once it ran shards in threads. The stop shuts the connection down."""
+    import contextvars
+
+    from tasks.core.shard_threads import ShardThreads, running_shard
+    from tasks.core.stopping import ShardsStopped
+    FaultHandler.faults, outcome = ["stall_mid"], []
+    out = tmp_path / "out"
+
+    def shard() -> None:
+        try:
+            with running_shard():
+                fetch(f"{server}/f.warc.gz", out, replace(FAST, timeout_s=3600.0))  # longer than the test
+            outcome.append("finished")
+        except BaseException as e:
+            outcome.append(type(e))
+
+    threads = ShardThreads(grace_s=60.0)  # the stop, not the asynchronous exception after the grace (which
+    # cannot reach a thread blocked in a read either: without the stop's shutdown the worker is still there)
+    with pytest.raises(KeyboardInterrupt), threads.mapping():
+        worker = threading.Thread(target=contextvars.copy_context().run, args=(shard,), daemon=True)
+        worker.start()
+        assert FaultHandler.stalled.wait(120)  # half the body sent
+        waiting = 0  # then the worker inside the socket read for 20 polls running: it has read what was sent
+        deadline = time.monotonic() + 120  # (a stop before that ends at the chunk's check, which is not this)
+        while waiting < 20 and time.monotonic() < deadline:
+            waiting = waiting + 1 if in_socket_read(worker) else 0
+            time.sleep(0.02)
+        assert waiting == 20
+        raise KeyboardInterrupt
+    worker.join(120)  # a guard against a hang: the read would wait an hour
+    assert outcome == [ShardsStopped] and len(FaultHandler.log) == 1  # stopped, not retried
 
 
 def test_truncated_gzip_is_redownloaded(server, tmp_path):

@@ -189,11 +189,18 @@ def test_an_interrupt_of_the_command_stops_its_shard_threads():
     assert outcomes == {"a": "stopped", "b": "stopped"}
 
 
-def test_the_command_says_that_processes_and_dask_are_the_flows(capsys):
+def test_the_command_says_once_that_processes_and_dask_are_the_flows(capsys, monkeypatch):
+    """Where it maps shards: said before any run's error too, it made a refusal two lines on stderr."""
     from tasks.__main__ import shard_mapper
+    from tasks.core import runner
     from tasks.core.config import RunnerParams
-    shard_mapper(RunnerParams(kind="threads"))
+    monkeypatch.setattr(runner, "process_shard", lambda stage, pass_name, p, shard, ctx: {"shard": shard})
+    assert shard_mapper(RunnerParams(kind="threads"))("extract", "text", None, ["a", "b"], None) == \
+        [{"shard": "a"}, {"shard": "b"}]
     assert capsys.readouterr().err == ""
-    shard_mapper(RunnerParams(kind="processes", max_workers=4))
+    noting = shard_mapper(RunnerParams(kind="processes", max_workers=4))
+    assert noting("sample", "corpus", None, [], None) == [] and capsys.readouterr().err == ""
+    for _ in range(2):
+        assert noting("extract", "text", None, ["a", "b"], None) == [{"shard": "a"}, {"shard": "b"}]
     assert capsys.readouterr().err == ("note: runner.kind processes applies to the Prefect flows; python -m tasks "
                                        "runs shards in 4 threads\n")

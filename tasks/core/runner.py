@@ -2,7 +2,8 @@
 
 It walks the stage's declared passes in order. `dvc repro` reaches it through `python -m tasks
 <stage>`, Prefect through flows/, both with the same params model; only the way a sharded pass's
-shards are mapped differs (sequentially here, through a Prefect task runner in flows/).
+shards are mapped differs (in threads for the command, tasks.core.shard_threads; through a Prefect task
+runner in flows/; one after another by default here).
 """
 from __future__ import annotations
 

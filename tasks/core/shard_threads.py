@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Callable
 
 from tasks.core.interrupts import importing
-from tasks.core.stopping import ShardsStopped, stoppable
+from tasks.core.stopping import ShardsStopped, StopRequest, stoppable
 
 _RUNNING: contextvars.ContextVar["ShardThreads | None"] = contextvars.ContextVar("shard_threads", default=None)
 
@@ -42,7 +42,7 @@ class ShardThreads:
 
     def __init__(self, grace_s: float = 5.0) -> None:
         self.grace_s = grace_s
-        self.requested = threading.Event()
+        self.requested = StopRequest()
         self._lock = threading.Lock()
         self._idents: set[int] = set()
 
@@ -124,8 +124,9 @@ def running_shard():
 def map_in_threads(workers: int, work: Callable[..., dict] | None = None):
     """A MapShards (tasks.core.runner) running each shard's `work` (process_shard) in up to `workers`
     threads. The results come in shard order; after a failure the shards already running finish (their
-    outputs count for the rerun), those not started do not start, and the first failure in shard order
-    is raised. An interrupt of the main thread stops the running shards (ShardThreads)."""
+    outputs count for the rerun), those still queued are cancelled (a thread freed at that moment may have
+    taken one), and the first failure in shard order is raised. An interrupt of the main thread stops the
+    running shards (ShardThreads)."""
     def mapper(stage: str, pass_name: str, p, shards: list, ctx) -> list[dict]:
         from tasks.core.runner import process_shard
         run = work or process_shard

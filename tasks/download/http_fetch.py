@@ -6,6 +6,7 @@ matches Content-Length and (for .gz) the gzip stream decodes to a clean end.
 from __future__ import annotations
 
 import http.client
+import os
 import re
 import socket
 import urllib.error
@@ -120,14 +121,24 @@ def _stream(url: str, dest: Path, policy: RetryPolicy, rep: FetchReport) -> None
             have, mode = 0, "wb"  # server ignored the Range header: start over
         expected = resp.headers.get("Content-Length")
         got = 0
-        with open(dest, mode) as fh:
+        # a stop while a read waits on a stalled server shuts the connection down: the read returns at once
+        with open(dest, mode) as fh, stopping.on_stop(lambda: _shut_down(resp)):
             # read1: what has arrived, up to a chunk (read() waits for a whole MiB from a slow server)
             while chunk := resp.read1(policy.chunk):
                 fh.write(chunk)
                 got += len(chunk)
                 stopping.check()
+        stopping.check()  # the connection shut down by a stop: stopped, not a short read to retry
         if expected is not None and got != int(expected):
             raise http.client.IncompleteRead(b"", int(expected) - got)
+
+
+def _shut_down(resp) -> None:
+    """Unblock a read waiting on `resp`'s connection, from another thread (closing the response would wait
+    for the read: both take its buffer's lock): shutdown() acts on the connection, through a duplicate of
+    its descriptor, which is then closed."""
+    with socket.socket(fileno=os.dup(resp.fileno())) as conn:
+        conn.shutdown(socket.SHUT_RDWR)
 
 
 def fetch(url: str, dest: Path, policy: RetryPolicy, verify_gzip: bool = True) -> FetchReport:
@@ -159,6 +170,7 @@ def fetch(url: str, dest: Path, policy: RetryPolicy, verify_gzip: bool = True) -
                 dest.unlink(missing_ok=True)
             rep.errors.append(str(e))
         except _RETRYABLE as e:
+            stopping.check()  # a read cut short by a stop (its connection shut down) is not retried
             rep.errors.append(f"{e.__class__.__name__}: {e}")
         if attempt < policy.retries:
             stopping.sleep(policy.delay(attempt))
