@@ -121,6 +121,9 @@ def running_shard():
             threads._idents.discard(ident)
 
 
+WAKE_S = 0.2  # how often the main thread, waiting on its shards, wakes to run a signal's handler
+
+
 def map_in_threads(workers: int, work: Callable[..., dict] | None = None):
     """A MapShards (tasks.core.runner) running each shard's `work` (process_shard) in up to `workers`
     threads. The results come in shard order; after a failure the shards already running finish (their
@@ -141,11 +144,16 @@ def map_in_threads(workers: int, work: Callable[..., dict] | None = None):
             try:
                 with ShardThreads().mapping():  # inside the pool: stopped before the pool waits for its threads
                     futures = [pool.submit(contextvars.copy_context().run, shard, s) for s in shards]
-                    done, _ = wait(futures, return_when="FIRST_EXCEPTION")
-                    if any(f.exception() is not None for f in done):
-                        for f in futures:
-                            f.cancel()  # not started: not started
-                    wait(futures)
+                    pending, failed = set(futures), False
+                    while pending:
+                        # in short waits: a signal delivered to a shard thread runs its Python handler in the
+                        # main thread only once that wakes, and in one untimed wait for the shards a Ctrl-C
+                        # went unseen until a shard ended (1 run in about 10 of the interrupt test hung)
+                        done, pending = wait(pending, timeout=WAKE_S, return_when="FIRST_EXCEPTION")
+                        if not failed and any(not f.cancelled() and f.exception() is not None for f in done):
+                            failed = True
+                            for f in pending:
+                                f.cancel()  # queued: not started
             except BaseException:
                 pool.shutdown(wait=False, cancel_futures=True)
                 raise
