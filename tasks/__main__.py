@@ -103,12 +103,14 @@ def shard_mapper(r):
     mapper = map_in_threads(1 if r.kind == "sequential" else r.max_workers)
     if r.kind in ("sequential", "threads"):
         return mapper
-    said = []
+    said = False
 
     def noting(stage, pass_name, p, shards, ctx):  # said once, where it matters (not before a refusal)
+        nonlocal said
         if len(shards) > 1 and not said:
-            said.append(print(f"note: runner.kind {r.kind} applies to the Prefect flows; python -m tasks runs "
-                              f"shards in {r.max_workers} threads", file=sys.stderr))
+            print(f"note: runner.kind {r.kind} applies to the Prefect flows; python -m tasks runs shards in "
+                  f"{r.max_workers} threads", file=sys.stderr)
+            said = True
         return mapper(stage, pass_name, p, shards, ctx)
     return noting
 

@@ -150,7 +150,7 @@ def map_in_threads(workers: int, work: Callable[..., dict] | None = None):
                         # main thread only once that wakes, and in one untimed wait for the shards a Ctrl-C
                         # went unseen until a shard ended (1 run in about 10 of the interrupt test hung)
                         done, pending = wait(pending, timeout=WAKE_S, return_when="FIRST_EXCEPTION")
-                        if not failed and any(not f.cancelled() and f.exception() is not None for f in done):
+                        if not failed and any(map(_failed, done)):
                             failed = True
                             for f in pending:
                                 f.cancel()  # queued: not started
@@ -158,7 +158,12 @@ def map_in_threads(workers: int, work: Callable[..., dict] | None = None):
                 pool.shutdown(wait=False, cancel_futures=True)
                 raise
             for f in futures:  # the first failure in shard order, as one after another would have met it
-                if not f.cancelled() and f.exception() is not None:
+                if _failed(f):
                     raise f.exception()
             return [f.result() for f in futures]
     return mapper
+
+
+def _failed(future) -> bool:
+    """A shard's future that ran and raised (a cancelled one has no exception to ask for: it would raise)."""
+    return not future.cancelled() and future.exception() is not None

@@ -18,19 +18,18 @@ import time
 from typing import Callable, Iterator
 
 
-
 class StopRequest(threading.Event):
     """The flag a stop sets, and what the shards blocked meanwhile asked to be called then."""
 
     def __init__(self) -> None:
         super().__init__()
         self._hooks_lock = threading.Lock()
-        self._hooks: dict[int, Callable[[], None]] = {}
+        self._hooks: set[Callable[[], None]] = set()
 
     def set(self) -> None:
         super().set()
         with self._hooks_lock:
-            hooks = list(self._hooks.values())
+            hooks = list(self._hooks)
         for hook in hooks:  # each shard's own: one that fails leaves the others' to run
             with contextlib.suppress(Exception):
                 hook()
@@ -38,7 +37,7 @@ class StopRequest(threading.Event):
     @contextlib.contextmanager
     def hooked(self, hook: Callable[[], None]) -> Iterator[None]:
         with self._hooks_lock:
-            self._hooks[id(hook)] = hook
+            self._hooks.add(hook)
         try:
             if self.is_set():  # asked before it was registered
                 with contextlib.suppress(Exception):
@@ -46,7 +45,7 @@ class StopRequest(threading.Event):
             yield
         finally:
             with self._hooks_lock:
-                self._hooks.pop(id(hook), None)
+                self._hooks.discard(hook)
 
 
 _REQUESTED: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar("stop_shards", default=None)
