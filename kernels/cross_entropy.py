@@ -6,9 +6,10 @@ loss is the graph's last op) and scaled by the incoming gradient in backward, as
 fp16 defers the per-token factor (1/tokens for the mean): softmax / tokens underflows fp16 before a
 loss scale can reach it, so there the kernel writes the unscaled gradient, the gradients accumulate
 in fp32, and backward applies the factor with the incoming (loss-scaled) gradient. The weight gradient
-sums over every chunk, so in bf16 too the chunks' bf16 products are added into fp32 and the sum is
-rounded to bf16 once, in backward (as Megatron's fp32 wgrad accumulation sums): summed in bf16, its
-error grew with the number of chunks (3x the unchunked error at 64 chunks)."""
+sums over every chunk, so in bf16 too it is accumulated in fp32 and rounded to bf16 once, in backward
+(as Megatron's fp32 wgrad accumulation sums): summed in bf16, its error grew with the number of chunks
+(3x the unchunked error at 64 chunks). On CUDA cuBLAS adds each chunk's product into it in fp32
+(add_product), so no product is rounded to the inputs' dtype either."""
 from __future__ import annotations
 
 import torch
@@ -84,10 +85,7 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
                 else:
                     torch.mm(logits, weight, out=grad_hidden[start:stop])
             if grad_weight is not None:  # every chunk's product added into fp32
-                if logits.dtype == torch.float32:
-                    grad_weight.addmm_(logits.t(), h)
-                else:
-                    grad_weight += logits.t() @ h
+                add_product(grad_weight, logits.t(), h)
             del logits  # before the next chunk's logits are allocated: one chunk alive at a time
         ctx.save_for_backward(grad_hidden, grad_weight, factor if deferred else None)
         ctx.dtypes = hidden.dtype, weight.dtype
@@ -103,6 +101,21 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
         return (None if grad_hidden is None else scaled(grad_hidden, grad_loss, ctx.dtypes[0]),
                 None if grad_weight is None else scaled(grad_weight, grad_loss, ctx.dtypes[1]),
                 None, None, None, None, None, None, None)
+
+
+def add_product(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """acc (fp32) += a @ b. For 16-bit a and b on CUDA, cuBLAS adds the product into acc in fp32 (addmm
+    with out_dtype): the product is never rounded to 16 bits, and no [vocab, hidden] temporary is
+    written and read again. On the H200 at the benchmark's shape (13 chunks of 1334 x 50304 x 1024, bf16)
+    that took 0.246 ms a chunk against 0.367 for the 16-bit product added into fp32, with 1.3e-6 relative
+    error against float64 instead of 1.7e-3. Elsewhere (the CPU has no such kernel) the 16-bit product
+    is added."""
+    if a.dtype == torch.float32:
+        acc.addmm_(a, b)
+    elif a.is_cuda:
+        torch.ops.aten.addmm.dtype_out(acc, a, b, torch.float32, out=acc)
+    else:
+        acc += a @ b
 
 
 # (held, parameter) dtypes of the backward's scaling: the weight gradient is held in fp32, the hidden one

@@ -98,22 +98,24 @@ def test_cross_entropy_weight_gradient_keeps_its_precision_over_chunks(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cross_entropy_backward_multiplies_the_incoming_gradient_in_fp32(dtype):
+def test_cross_entropy_backward_multiplies_the_incoming_gradient_in_fp32(dtype, monkeypatch):
     """DeepSpeed's backward passes 1/gradient-accumulation-steps to the loss: the gradients at 1/3 are the
-    gradients at 1 times fp32's 1/3, rounded once (torch's bf16 * CUDA 0-dim fp32 rounded 1/3 to 0.33398
-    first: every gradient x1.0018)."""
+    gradients forward held (the weight's in fp32) times fp32's 1/3, rounded once (torch's bf16 * CUDA
+    0-dim fp32 rounded 1/3 to 0.33398 first: every gradient x1.0018). Not the gradients at 1 times 1/3:
+    in bf16 that rounds the fp32 weight gradient twice."""
+    from kernels import cross_entropy
     h = torch.randn(777, 64, device="cuda", dtype=dtype)
     w = torch.randn(1001, 64, device="cuda", dtype=dtype) * 0.1
     t = torch.randint(0, 1001, (777,), device="cuda")
-
-    def fused(h, w):
-        return FusedLinearCrossEntropy.apply(h, w, t, -100, "mean", 256, None, 0, True)
+    held, scaled = [], cross_entropy.scaled
+    monkeypatch.setattr(cross_entropy, "scaled", lambda g, factor, out: held.append(g.clone()) or scaled(g, factor, out))
 
     third = torch.tensor(1 / 3, device="cuda")
-    _, at_one = grads(fused, [h, w], torch.tensor(1.0, device="cuda"))
-    _, at_third = grads(fused, [h, w], third)
-    for one, got in zip(at_one, at_third):
-        assert torch.equal(got, (one.float() * third).to(dtype))
+    _, at_third = grads(lambda h, w: FusedLinearCrossEntropy.apply(h, w, t, -100, "mean", 256, None, 0, True),
+                        [h, w], third)
+    assert [g.dtype for g in held] == [dtype, torch.float32]  # backward scales the hidden gradient, then the weight's
+    for g, got in zip(held, at_third):
+        assert torch.equal(got, (g.float() * third).to(dtype))
 
 
 def test_fp16_cross_entropy_gradients_survive_many_tokens_under_a_loss_scale():
