@@ -232,6 +232,9 @@ def test_the_sweeps_variants_are_in_the_nvcc_check():
         == "layer_norm_bwd<bf16, 8, 1, false, 1, false, true>"
     assert runtime.expression("layer_norm_fwd", torch.bfloat16, runtime.RowLayout(8, 4, True, 128, stream=True)) \
         == "layer_norm_fwd<bf16, 8, 4, true, true>"
+    # expression is cached: a bool and an int of one value are spelt apart
+    assert [runtime.expression("k", torch.bfloat16, 8, *more) for more in ((1, True), (True, 1))] \
+        == ["k<bf16, 8, 1, true>", "k<bf16, 8, true, 1>"]
     with pytest.raises(ValueError, match="rows and shared_acc are the LayerNorm backward's"):
         runtime.expression("layer_norm_fwd", torch.bfloat16, runtime.RowLayout(8, 4, True, 128, stream=True, rows=2))
     with pytest.raises(ValueError, match="prefetches one row"):
