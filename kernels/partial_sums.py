@@ -1,6 +1,7 @@
 """The last step of the LayerNorm and bias-GeLU backwards: their fp32 partial sums of a parameter's
 gradient (a row per block or row chunk) added up, and cast to the parameter's type, in one kernel
-(torch's sum then cast took two; ~15 of the LayerNorm backward's 72 us on the H100)."""
+(torch's sum then cast took two; ~15 of the LayerNorm backward's 72 us on the H100). On the H200: 5.8 us
+against torch's 10.7 for the LayerNorm's [2, 1056, 1024], 4.1 against 8.2 for the bias-GeLU's [1, 264, 4096]."""
 from __future__ import annotations
 
 import torch
