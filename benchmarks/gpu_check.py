@@ -2,7 +2,8 @@
 
     python -m benchmarks.gpu_check [--logs gpu-logs]
 
-The fused kernels against their references (tests/test_kernels_gpu.py), the kernel benchmark with the
+Every kernel instantiation compiled at once into CuPy's cache (benchmarks/nvrtc_cache.py), then the
+fused kernels against their references (tests/test_kernels_gpu.py), the kernel benchmark with the
 ~350M step (eager and torch.compile), the MinHash kernel against the CPU signatures, and the
 launch-shape sweep (the table the kernels' defaults were chosen from). Each step's log is in --logs and
 its last lines are printed; a failed step does not stop the others, and the check then ends 1. Where
@@ -21,6 +22,7 @@ from benchmarks.sequence import Step, run
 def steps(logs: Path) -> list[Step]:
     py = sys.executable
     return [
+        Step("NVRTC cache", (py, "-m", "benchmarks.nvrtc_cache"), logs / "nvrtc_cache.log", 3),
         Step("GPU tests", (py, "-m", "pytest", "-q", "tests/test_kernels_gpu.py"), logs / "test_kernels_gpu.log", 3),
         Step("benchmarks.kernels", (py, "-m", "benchmarks.kernels", "--reps", "30", "--step-compile"),
              logs / "kernels.log", 25),
