@@ -1,16 +1,19 @@
 """Every kernel instantiation compiled by NVRTC into CuPy's on-disk cache, in parallel processes: the
 first step of `make gpu-check`, so that the tests, the benchmark and the sweep load what they launch
 instead of each compiling it in turn (on a lent H200: 240 instantiations in 9.8 s with 12 processes).
+The sweep's register-capped variants (NVRTC's --maxrregcount) are not among them: it compiles those.
 
     python -m benchmarks.nvrtc_cache [--processes 12]
 
 Each process compiles its share through kernels.runtime, as a launch would (same source, options and
-device, so the same cache entry). A failed compile is printed in one line and the command ends 1."""
+device, so the same cache entry). A failed compile is printed in one line and the command ends 1; a
+process that dies (a crash in NVRTC) ends it too, rather than leaving it waiting on that process."""
 from __future__ import annotations
 
 import argparse
 import multiprocessing
 import os
+from concurrent.futures import ProcessPoolExecutor
 import sys
 import time
 
@@ -37,12 +40,14 @@ def main(argv=None) -> int:
         return 1
     items = [(file, e) for file, expressions in runtime.every_instantiation().items() for e in expressions]
     start = time.perf_counter()
-    # spawn: a forked child would inherit the parent's CUDA state, which CUDA does not allow
-    with multiprocessing.get_context("spawn").Pool(args.processes) as pool:
+    # spawn: a forked child would inherit the parent's CUDA state, which CUDA does not allow. An executor,
+    # not a Pool: a worker that dies raises BrokenProcessPool here, where Pool.map waited for it forever
+    with ProcessPoolExecutor(args.processes, mp_context=multiprocessing.get_context("spawn")) as pool:
         failed = [r for r in pool.map(compile_one, items, chunksize=2) if r]
-    print(f"nvrtc_cache: {len(items)} instantiations in {time.perf_counter() - start:.1f} s, {len(failed)} failed")
     for line in failed:
         print("FAILED", line)
+    # last: gpu-check prints a step's last lines
+    print(f"nvrtc_cache: {len(items)} instantiations in {time.perf_counter() - start:.1f} s, {len(failed)} failed")
     return 1 if failed else 0
 
 

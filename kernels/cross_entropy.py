@@ -12,6 +12,8 @@ sums over every chunk, so in bf16 too it is accumulated in fp32 and rounded to b
 (add_product), so no product is rounded to the inputs' dtype either."""
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.distributed as dist
 
@@ -103,16 +105,22 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
                 None, None, None, None, None, None, None)
 
 
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
 def add_product(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     """acc (fp32) += a @ b. For 16-bit a and b on CUDA, cuBLAS adds the product into acc in fp32 (addmm
     with out_dtype): the product is never rounded to 16 bits, and no [vocab, hidden] temporary is
     written and read again. On the H200 at the benchmark's shape (13 chunks of 1334 x 50304 x 1024, bf16)
     that took 0.246 ms a chunk against 0.367 for the 16-bit product added into fp32, with 1.3e-6 relative
-    error against float64 instead of 1.7e-3. Elsewhere (the CPU has no such kernel) the 16-bit product
-    is added."""
+    error against float64 instead of 1.7e-3. Elsewhere the 16-bit product is added: the CPU has no such
+    kernel, and torch's bf16 GEMM with an fp32 output refuses GPUs before sm_80 (the kernels themselves
+    keep a bf16 path there)."""
     if a.dtype == torch.float32:
         acc.addmm_(a, b)
-    elif a.is_cuda:
+    elif a.is_cuda and (a.dtype == torch.float16 or _capability(a.device.index) >= (8, 0)):
         torch.ops.aten.addmm.dtype_out(acc, a, b, torch.float32, out=acc)
     else:
         acc += a @ b

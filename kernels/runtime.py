@@ -236,7 +236,9 @@ def _shared_per_sm(device: int) -> int:
     return cupy.cuda.runtime.deviceGetAttribute(81, device)  # cudaDevAttrMaxSharedMemoryPerMultiprocessor
 
 
-@functools.lru_cache(maxsize=None, typed=True)  # spelt for every launch (typed: True is not 1 here)
+# spelt for every launch; typed: an argument True is not 1 (a RowLayout's fields are not told apart so:
+# they are built as bools)
+@functools.lru_cache(maxsize=None, typed=True)
 def expression(kernel: str, dtype: torch.dtype, layout: RowLayout | int, *more: int | bool) -> str:
     """The template instantiation for a kernel, as NVRTC and nvcc both spell it: a row layout, or a
     vector width and any further parameters (ints, or bools spelled true/false)."""
