@@ -10,17 +10,17 @@ import json
 import os
 import threading
 import time
+from queue import Empty, SimpleQueue
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
-from prefect.futures import as_completed
 from prefect.states import Failed, State
 from tqdm import tqdm
 
 from flows.artifacts import publish
 from flows.runners import build_task_runner
-from tasks.core.shard_threads import ShardThreads, running_shard
+from tasks.core.shard_threads import WAKE_S, ShardThreads, running_shard
 from tasks.core.config import PipelineParams, load_params
 from tasks.core.errors import ConfigError, describe, naming_full_disk
 from tasks.core.passes import Shard
@@ -45,10 +45,26 @@ def map_with_prefect(stage: str, pass_name: str, p: PipelineParams, shards: list
             tqdm(total=len(shards), desc=f"{stage}.{pass_name}", unit="shard", disable=None) as bar:
         futures = [runner.submit(shard_task, {"stage": stage, "pass_name": pass_name, "params": p, "shard": s,
                                               "ctx": ctx}) for s in shards]
-        for done, _ in enumerate(as_completed(futures), 1):
+        finished: SimpleQueue = SimpleQueue()
+        for f in futures:
+            f.add_done_callback(finished.put)
+        for done in range(1, len(futures) + 1):
+            # in short waits, as the command's mapper waits (WAKE_S): a signal the kernel delivers to a shard's
+            # thread runs its handler in this, the main, thread only once it wakes, and in Prefect's
+            # as_completed (one untimed wait) a Ctrl-C went unseen until a shard ended
+            while not _took(finished):
+                pass
             bar.update(1)
             update_progress_artifact(progress, 100.0 * done / len(shards))
         return [f.result() for f in futures]
+
+
+def _took(queue: SimpleQueue) -> bool:
+    try:
+        queue.get(timeout=WAKE_S)
+        return True
+    except Empty:
+        return False
 
 
 def params_yaml_defaults() -> tuple[PipelineParams, ConfigError | None]:

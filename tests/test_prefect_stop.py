@@ -286,3 +286,58 @@ def test_a_killed_run_the_worker_cannot_record_is_one_line():
     assert out.returncode == 0 and out.stderr.strip().splitlines() == [
         "could not record flow run 5d8b3c39-5c5c-4a8d-9a83-6c1f0c2e7a11 as crashed: ConnectError: "
         "[Errno 111] Connection refused"], out.stderr
+
+
+MAPPING_INTERRUPTED = """
+    import signal, sys, threading, time, types
+    from prefect import flow
+    from flows import stages
+    from tasks.core import stopping
+    from tasks.core.config import PipelineParams
+    from tasks.core.stopping import ShardsStopped
+
+    started, shard_threads, outcomes = threading.Barrier(3, timeout=120), [], {}
+
+    def work(stage, pass_name, p, shard, ctx):
+        shard_threads.append(threading.get_ident())
+        started.wait()
+        deadline = time.monotonic() + 60  # then the shard ends by itself
+        try:
+            while time.monotonic() < deadline:
+                stopping.sleep(0.01)
+        except ShardsStopped:
+            outcomes[shard.name] = "stopped"
+            raise
+        outcomes[shard.name] = "finished"
+        return {}
+
+    def interrupt(*_):
+        raise KeyboardInterrupt  # as tasks.core.interrupts' handlers do, in the main thread
+
+    stages.process_shard = work
+    signal.signal(signal.SIGUSR1, interrupt)
+    # the signal delivered to a shard's thread, as the kernel may deliver Ctrl-C's: its handler runs in the
+    # main thread, once that wakes
+    threading.Thread(target=lambda: (started.wait(), signal.pthread_kill(shard_threads[0], signal.SIGUSR1)),
+                     daemon=True).start()
+
+    @flow
+    def stage():
+        return stages.map_with_prefect("extract", "text", PipelineParams(runner={"kind": "threads", "max_workers": 2}),
+                                       [types.SimpleNamespace(name=n) for n in "ab"], None)
+    try:
+        stage()
+        print("went on", sorted(outcomes.items()))
+    except KeyboardInterrupt:
+        print("interrupted", sorted(outcomes.items()))
+"""
+
+
+def test_an_interrupt_reaching_a_shard_thread_stops_the_flows_shards(server):
+    """The flows' mapper waited on its shards in Prefect's as_completed, one untimed wait: a signal the
+    kernel delivered to a shard's thread ran its handler only when a shard ended (the command's mapper
+    waits in short slices since bca23b2)."""
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(MAPPING_INTERRUPTED)], cwd=REPO, env=server,
+                         capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip().splitlines()[-1:] == ["interrupted [('a', 'stopped'), ('b', 'stopped')]"], \
+        out.stdout[-2000:] + out.stderr[-3000:]
