@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-from concurrent.futures import ProcessPoolExecutor
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 
 def compile_one(item: tuple[str, str]) -> str | None:

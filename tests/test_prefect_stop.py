@@ -289,37 +289,16 @@ def test_a_killed_run_the_worker_cannot_record_is_one_line():
 
 
 MAPPING_INTERRUPTED = """
-    import signal, sys, threading, time, types
+    import signal, types
     from prefect import flow
     from flows import stages
-    from tasks.core import stopping
     from tasks.core.config import PipelineParams
-    from tasks.core.stopping import ShardsStopped
+    from tests.signalled_shards import SignalledShards, interrupt
 
-    started, shard_threads, outcomes = threading.Barrier(3, timeout=120), [], {}
-
-    def work(stage, pass_name, p, shard, ctx):
-        shard_threads.append(threading.get_ident())
-        started.wait()
-        deadline = time.monotonic() + 60  # then the shard ends by itself
-        try:
-            while time.monotonic() < deadline:
-                stopping.sleep(0.01)
-        except ShardsStopped:
-            outcomes[shard.name] = "stopped"
-            raise
-        outcomes[shard.name] = "finished"
-        return {}
-
-    def interrupt(*_):
-        raise KeyboardInterrupt  # as tasks.core.interrupts' handlers do, in the main thread
-
-    stages.process_shard = work
+    drill = SignalledShards()
+    stages.process_shard = drill.work
     signal.signal(signal.SIGUSR1, interrupt)
-    # the signal delivered to a shard's thread, as the kernel may deliver Ctrl-C's: its handler runs in the
-    # main thread, once that wakes
-    threading.Thread(target=lambda: (started.wait(), signal.pthread_kill(shard_threads[0], signal.SIGUSR1)),
-                     daemon=True).start()
+    drill.signal_a_shard(signal.SIGUSR1)
 
     @flow
     def stage():
@@ -327,9 +306,9 @@ MAPPING_INTERRUPTED = """
                                        [types.SimpleNamespace(name=n) for n in "ab"], None)
     try:
         stage()
-        print("went on", sorted(outcomes.items()))
+        print("went on", sorted(drill.outcomes.items()))
     except KeyboardInterrupt:
-        print("interrupted", sorted(outcomes.items()))
+        print("interrupted", sorted(drill.outcomes.items()))
 """
 
 

@@ -159,39 +159,22 @@ def test_a_failed_shard_fails_the_pass_with_the_first_failure_in_shard_order():
 
 
 def test_an_interrupt_of_the_command_stops_its_shard_threads():
+    """The signal goes to a shard's thread (os.kill, which Linux mostly gives the main thread, hung 1 run
+    in about 10 on the mapper's former untimed wait and passed the rest)."""
     import signal
 
     from tasks.core.shard_threads import map_in_threads
-    started, shard_threads, outcomes = threading.Barrier(3, timeout=120), [], {}
-
-    def work(stage, pass_name, p, shard, ctx) -> dict:
-        shard_threads.append(threading.get_ident())
-        started.wait()
-        deadline = time.monotonic() + 60  # then the shard ends by itself
-        try:
-            while time.monotonic() < deadline:
-                stopping.sleep(0.01)
-        except ShardsStopped:
-            outcomes[shard] = "stopped"
-            raise
-        outcomes[shard] = "finished"
-        return {}
-
-    def interrupt(*_):
-        raise KeyboardInterrupt  # as tasks.core.interrupts' handlers do, in the main thread
-
+    from tests.signalled_shards import SignalledShards, interrupt
+    drill = SignalledShards()
     previous = signal.signal(signal.SIGUSR1, interrupt)
     try:
-        # to a shard's thread, as the kernel may deliver Ctrl-C's: its handler runs in the main thread once
-        # that wakes (os.kill, which Linux mostly gives the main thread, hung 1 run in about 10 in one untimed wait)
-        waiter = threading.Thread(target=lambda: (started.wait(), signal.pthread_kill(shard_threads[0], signal.SIGUSR1)))
-        waiter.start()
+        sender = drill.signal_a_shard(signal.SIGUSR1)
         with pytest.raises(KeyboardInterrupt):
-            map_in_threads(2, work)("extract", "text", None, ["a", "b"], None)
-        waiter.join()
+            map_in_threads(2, drill.work)("extract", "text", None, ["a", "b"], None)
+        sender.join()
     finally:
         signal.signal(signal.SIGUSR1, previous)
-    assert outcomes == {"a": "stopped", "b": "stopped"}
+    assert drill.outcomes == {"a": "stopped", "b": "stopped"}
 
 
 def test_the_command_says_once_that_processes_and_dask_are_the_flows(capsys, monkeypatch):
