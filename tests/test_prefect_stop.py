@@ -293,12 +293,13 @@ MAPPING_INTERRUPTED = """
     from prefect import flow
     from flows import stages
     from tasks.core.config import PipelineParams
-    from tests.signalled_shards import SignalledShards, interrupt
+    from tests.signalled_shards import SignalledShards, in_threading_wait, interrupt
 
     drill = SignalledShards()
     stages.process_shard = drill.work
     signal.signal(signal.SIGUSR1, interrupt)
-    drill.signal_a_shard(signal.SIGUSR1)
+    # the mapper waits in _took's queue.get (no Python frame of its own); Prefect's as_completed in a threading wait
+    drill.signal_a_shard(signal.SIGUSR1, lambda frame: frame.f_code.co_name == "_took" or in_threading_wait(frame))
 
     @flow
     def stage():

@@ -160,7 +160,9 @@ def test_a_failed_shard_fails_the_pass_with_the_first_failure_in_shard_order():
 
 def test_an_interrupt_of_the_command_stops_its_shard_threads():
     """The signal goes to a shard's thread (os.kill, which Linux mostly gives the main thread, hung 1 run
-    in about 10 on the mapper's former untimed wait and passed the rest)."""
+    in about 10 on the mapper's former untimed wait and passed the rest), and only once the main thread
+    waits on the shards: sent while it was still starting the second shard's thread, it ran there, and
+    the test passed on that untimed wait."""
     import signal
 
     from tasks.core.shard_threads import map_in_threads
