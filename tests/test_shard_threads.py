@@ -71,6 +71,30 @@ def test_a_shard_that_never_checks_is_interrupted_after_the_grace():
     assert run(KeyboardInterrupt(), ShardThreads(grace_s=0.2), checks=False) == [ShardsStopped, ShardsStopped, "finished"]
 
 
+def test_a_second_interrupt_during_the_grace_interrupts_the_shards_at_once():
+    """Ctrl-C twice: the second ended the grace and with it the stop, so a shard that never checks was
+    never interrupted and went on to its end (the process waits for it at exit)."""
+    import ctypes
+    main = threading.get_ident()
+
+    def interrupt_the_grace() -> None:  # a KeyboardInterrupt in the main thread once it is in stop()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            frame = sys._current_frames().get(main)
+            while frame is not None and frame.f_code is not ShardThreads.stop.__code__:
+                frame = frame.f_back
+            if frame is not None:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(main), ctypes.py_object(KeyboardInterrupt))
+                return
+            time.sleep(0.005)
+
+    second = threading.Thread(target=interrupt_the_grace, daemon=True)
+    second.start()
+    assert run(KeyboardInterrupt(), ShardThreads(grace_s=120), checks=False) == \
+        [ShardsStopped, ShardsStopped, "finished"]
+    second.join()
+
+
 def test_a_shard_inside_an_import_is_not_interrupted_there(tmp_path, monkeypatch):
     """The exception could land between importlib's taking the module lock and its `try`: the lock
     stayed held and the threads waiting on it (and the next import of the module) hung for good."""

@@ -8,10 +8,11 @@ progress had finished: seconds on the sample, many minutes for a real WARC file.
 
 1. the shards are asked to stop (tasks.core.stopping); shard code checks at each document, page or
    downloaded chunk, and one about to start does not;
-2. a shard still running after `grace_s` (it loops somewhere without a check) gets a KeyboardInterrupt
-   raised in its thread (CPython's PyThreadState_SetAsyncExc, as Prefect's own thread cancel scopes
-   do). That lands at its next Python instruction, wherever it is, which is why it is the fallback,
-   and why it waits while the thread is inside an import.
+2. a shard still running after `grace_s` (it loops somewhere without a check), or at once on a second
+   Ctrl-C, gets ShardsStopped raised in its thread (CPython's PyThreadState_SetAsyncExc, as Prefect's
+   own thread cancel scopes do). That lands at its next Python instruction, wherever it is, which is
+   why it is the fallback, and why it waits while the thread is inside an import (a third Ctrl-C gives
+   that up).
 
 A shard stopped midway leaves only a temporary file (its output and marker are written atomically, as
 after kill -9); the rerun redoes it. The processes and dask runners' workers get the terminal's SIGINT
@@ -67,8 +68,11 @@ class ShardThreads:
             deadline = time.monotonic() + self.grace_s
             while self._running() and time.monotonic() < deadline:
                 time.sleep(0.02)
+        except BaseException:  # a second Ctrl-C or signal (the first is being raised): no more grace
+            pass
+        try:
             self._interrupt_the_rest()
-        except BaseException:  # a second Ctrl-C or signal: wait no longer (the first one is being raised)
+        except BaseException:  # one more, while a shard inside an import is waited for: leave it be
             pass
 
     def _interrupt_the_rest(self) -> None:
