@@ -12,7 +12,6 @@ sums over every chunk, so in bf16 too it is accumulated in fp32 and rounded to b
 (add_product), so no product is rounded to the inputs' dtype either."""
 from __future__ import annotations
 
-import functools
 
 import torch
 import torch.distributed as dist
@@ -105,11 +104,6 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
                 None, None, None, None, None, None, None)
 
 
-@functools.cache
-def _capability(index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
-
-
 def add_product(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     """acc (fp32) += a @ b. For 16-bit a and b on CUDA, cuBLAS adds the product into acc in fp32 (addmm
     with out_dtype): the product is never rounded to 16 bits, and no [vocab, hidden] temporary is
@@ -120,7 +114,7 @@ def add_product(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     keep a bf16 path there)."""
     if a.dtype == torch.float32:
         acc.addmm_(a, b)
-    elif a.is_cuda and (a.dtype == torch.float16 or _capability(a.device.index) >= (8, 0)):
+    elif a.is_cuda and (a.dtype == torch.float16 or runtime.capability(a.device) >= (8, 0)):
         torch.ops.aten.addmm.dtype_out(acc, a, b, torch.float32, out=acc)
     else:
         acc += a @ b

@@ -257,12 +257,21 @@ def expression(kernel: str, dtype: torch.dtype, layout: RowLayout | int, *more: 
 
 
 @functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+def _properties(index: int):
+    """A CUDA device's properties, looked up once: the launches ask for them on every call."""
+    return torch.cuda.get_device_properties(index)
+
+
+def _of(device: torch.device):
+    return _properties(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def multiprocessors(device: torch.device) -> int:
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return _of(device).multi_processor_count
+
+
+def capability(device: torch.device) -> tuple[int, int]:
+    return _of(device).major, _of(device).minor
 
 
 # (warp per row, slots, rows, shared accumulators, next row in flight) of the LayerNorm backward
