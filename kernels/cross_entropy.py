@@ -53,29 +53,33 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
         grad_weight = (torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)  # a sum over chunks
                        if need_weight else None)
         loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        # a target in no rank's slice (outside the vocabulary, or a negative other than ignore_index) is
-        # masked as Megatron's vocab-parallel loss masks it: its target logit counts as the row's max
-        inside = ((target >= vocab_start) & (target < vocab_start + cols)).float()
-        if group is not None:
-            dist.all_reduce(inside, group=group)
+        inside = (target >= vocab_start) & (target < vocab_start + cols)  # in this rank's slice
         threads = 512
         for start in range(0, tokens, chunk):
             stop = min(tokens, start + chunk)
             h, t, n = hidden[start:stop], target[start:stop], stop - start
             logits = h @ weight.t()
             vec = runtime.vector_width(cols, logits)
-            row_max, sum_exp, picked = (torch.empty(n, dtype=torch.float32, device=h.device) for _ in range(3))
+            row_max = torch.empty(n, dtype=torch.float32, device=h.device)
+            sums = torch.empty(2, n, dtype=torch.float32, device=h.device)  # summed over the ranks at once
+            sum_exp, picked = sums
             runtime.launch(FILE, runtime.expression("xent_stats", logits.dtype, vec), (n,), (threads,),
                            (logits, t, runtime.i64(vocab_start), row_max, sum_exp, picked, runtime.i32(cols)))
             if group is not None:
                 local_max = row_max.clone()
                 dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=group)
                 sum_exp *= torch.exp(local_max - row_max)
-                dist.all_reduce(sum_exp, group=group)
-                dist.all_reduce(picked, group=group)
-            lse = row_max + sum_exp.log()
-            picked = torch.where(inside[start:stop] > 0, picked, row_max)
-            loss += ((lse - picked) * scale[start:stop]).sum()
+            # the target's logit less the row's max, 0 on the ranks whose slice does not hold the target:
+            # summed over the ranks, a target in no slice (outside the vocabulary, or a negative other than
+            # ignore_index) counts as the row's max, as Megatron's vocab-parallel loss masks it. Taken
+            # unshifted, it needed a word of which rank holds it (one more collective a call) and its own
+            # sum (one more a chunk); now two a chunk, where Megatron makes three
+            picked.sub_(row_max).masked_fill_(~inside[start:stop], 0.0)
+            if group is not None:
+                dist.all_reduce(sums, group=group)
+            log_sum = sum_exp.log()
+            lse = row_max + log_sum
+            loss += ((log_sum - picked) * scale[start:stop]).sum()
             if not (need_hidden or need_weight):
                 continue
             runtime.launch(FILE, runtime.expression("xent_grad", logits.dtype, vec), (n,), (threads,),

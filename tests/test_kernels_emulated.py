@@ -473,8 +473,14 @@ def _vocab_parallel_rank(rank: int, init: str, queue) -> None:
             vocab = 1000
             h, w, t, g = check.cross_entropy_inputs("cpu", dtype, 77, vocab, 64)
             half = slice(rank * vocab // 2, (rank + 1) * vocab // 2)
-            loss, (dh, dw) = grads(lambda h, w: FusedLinearCrossEntropy.apply(
-                h, w, t, -100, "mean", 30, dist.group.WORLD, half.start, True), [h, w[half]], g)
+            collectives = []
+            with pytest.MonkeyPatch.context() as counting:
+                all_reduce = dist.all_reduce
+                counting.setattr(dist, "all_reduce", lambda *a, **k: (collectives.append(k.get("op")), all_reduce(*a, **k)))
+                loss, (dh, dw) = grads(lambda h, w: FusedLinearCrossEntropy.apply(
+                    h, w, t, -100, "mean", 30, dist.group.WORLD, half.start, True), [h, w[half]], g)
+            if len(collectives) != 2 * 3:  # a max and one sum a chunk (77 rows in 3 chunks), none a call
+                errors[f"{dtype} collectives"] = f"{len(collectives)} all_reduce calls for 3 chunks"
             dist.all_reduce(dh)  # each rank's dhidden is its partial sum (the caller's region reduces it)
             rloss, (rdh, rdw) = grads(lambda h, w: reference.linear_cross_entropy(h, w, t), as64([h, w]), g.double())
             for name, out, ref in [("loss", loss, rloss), ("dhidden", dh, rdh), ("dweight", dw, rdw[half])]:
