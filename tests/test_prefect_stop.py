@@ -293,13 +293,13 @@ MAPPING_INTERRUPTED = """
     from prefect import flow
     from flows import stages
     from tasks.core.config import PipelineParams
-    from tests.signalled_shards import SignalledShards, in_threading_wait, interrupt
+    from tests.signalled_shards import SignalledShards, interrupt
 
     drill = SignalledShards()
     stages.process_shard = drill.work
+    stages._took = drill.announcing(stages._took)  # the mapper's wait on its shards
     signal.signal(signal.SIGUSR1, interrupt)
-    # the mapper waits in _took's queue.get (no Python frame of its own); Prefect's as_completed in a threading wait
-    drill.signal_a_shard(signal.SIGUSR1, lambda frame: frame.f_code.co_name == "_took" or in_threading_wait(frame))
+    drill.signal_a_shard(signal.SIGUSR1)
 
     @flow
     def stage():
@@ -310,6 +310,8 @@ MAPPING_INTERRUPTED = """
         print("went on", sorted(drill.outcomes.items()))
     except KeyboardInterrupt:
         print("interrupted", sorted(drill.outcomes.items()))
+    finally:
+        drill.end()
 """
 
 

@@ -71,22 +71,18 @@ def test_a_shard_that_never_checks_is_interrupted_after_the_grace():
     assert run(KeyboardInterrupt(), ShardThreads(grace_s=0.2), checks=False) == [ShardsStopped, ShardsStopped, "finished"]
 
 
-def test_a_second_interrupt_during_the_grace_interrupts_the_shards_at_once():
+def test_a_second_interrupt_during_the_grace_interrupts_the_shards_at_once(monkeypatch):
     """Ctrl-C twice: the second ended the grace and with it the stop, so a shard that never checks was
     never interrupted and went on to its end (the process waits for it at exit)."""
     import ctypes
-    main = threading.get_ident()
+    main, in_grace = threading.get_ident(), threading.Event()
+    running = ShardThreads._running
+    # the grace loop asks whether shards still run: from there on the main thread is in the grace
+    monkeypatch.setattr(ShardThreads, "_running", lambda self: in_grace.set() or running(self))
 
-    def interrupt_the_grace() -> None:  # a KeyboardInterrupt in the main thread once it is in stop()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            frame = sys._current_frames().get(main)
-            while frame is not None and frame.f_code is not ShardThreads.stop.__code__:
-                frame = frame.f_back
-            if frame is not None:
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(main), ctypes.py_object(KeyboardInterrupt))
-                return
-            time.sleep(0.005)
+    def interrupt_the_grace() -> None:  # a KeyboardInterrupt in the main thread once it is in the grace
+        if in_grace.wait(60):
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(main), ctypes.py_object(KeyboardInterrupt))
 
     second = threading.Thread(target=interrupt_the_grace, daemon=True)
     second.start()
@@ -182,23 +178,24 @@ def test_a_failed_shard_fails_the_pass_with_the_first_failure_in_shard_order():
         map_in_threads(2, work)("extract", "text", None, [0, 1], None)
 
 
-def test_an_interrupt_of_the_command_stops_its_shard_threads():
+def test_an_interrupt_of_the_command_stops_its_shard_threads(monkeypatch):
     """The signal goes to a shard's thread (os.kill, which Linux mostly gives the main thread, hung 1 run
     in about 10 on the mapper's former untimed wait and passed the rest), and only once the main thread
     waits on the shards: sent while it was still starting the second shard's thread, it ran there, and
     the test passed on that untimed wait."""
     import signal
 
-    from tasks.core.shard_threads import map_in_threads
+    from tasks.core import shard_threads
     from tests.signalled_shards import SignalledShards, interrupt
     drill = SignalledShards()
+    monkeypatch.setattr(shard_threads, "wait", drill.announcing(shard_threads.wait))
     previous = signal.signal(signal.SIGUSR1, interrupt)
     try:
-        sender = drill.signal_a_shard(signal.SIGUSR1)
+        drill.signal_a_shard(signal.SIGUSR1)
         with pytest.raises(KeyboardInterrupt):
-            map_in_threads(2, drill.work)("extract", "text", None, ["a", "b"], None)
-        sender.join()
+            shard_threads.map_in_threads(2, drill.work)("extract", "text", None, ["a", "b"], None)
     finally:
+        drill.end()
         signal.signal(signal.SIGUSR1, previous)
     assert drill.outcomes == {"a": "stopped", "b": "stopped"}
 
