@@ -60,7 +60,10 @@ class SignalledShards:
                 return
             while not self.ended.is_set():  # a mapper that never announces its wait gets no signal
                 if self.waiting.wait(0.05):
-                    signal.pthread_kill(self.threads[0], sig)
+                    # announced just before the wait: a moment for the main thread to block in it (sent at
+                    # once, under load it sometimes ran before that, and an untimed wait passed 3 runs in 80)
+                    if not self.ended.wait(0.05):
+                        signal.pthread_kill(self.threads[0], sig)
                     return
 
         self._sender = threading.Thread(target=send, daemon=True)
