@@ -12,7 +12,6 @@ sums over every chunk, so in bf16 too it is accumulated in fp32 and rounded to b
 (add_product), so no product is rounded to the inputs' dtype either."""
 from __future__ import annotations
 
-
 import torch
 import torch.distributed as dist
 

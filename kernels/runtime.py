@@ -271,7 +271,8 @@ def multiprocessors(device: torch.device) -> int:
 
 
 def capability(device: torch.device) -> tuple[int, int]:
-    return _of(device).major, _of(device).minor
+    properties = _of(device)
+    return properties.major, properties.minor
 
 
 # (warp per row, slots, rows, shared accumulators, next row in flight) of the LayerNorm backward
