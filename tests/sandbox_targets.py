@@ -17,3 +17,11 @@ def not_plain_data(x: str) -> object:
 def slow_upper(x: str) -> str:
     time.sleep(0.5)
     return x.upper()
+
+
+def upper_or_die(x: str) -> str:
+    """A native crash, as a C extension's segfault ends the child: no answer, no exception."""
+    if x == "die":
+        import os
+        os._exit(139)
+    return x.upper()

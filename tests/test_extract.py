@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 import random
 from pathlib import Path
 
@@ -107,6 +108,53 @@ def test_sandbox_kills_a_hung_item_and_continues():
     assert out[0] == (True, "A") and out[1] == (False, TIMED_OUT) and out[2] == (True, "B")
     assert out[3][0] is False and "bad item" in out[3][1] and out[4] == (True, "C")
     assert w.restarts == 1
+
+
+def test_a_child_that_dies_mid_item_is_counted_as_a_crash_and_the_rest_go_on():
+    w = TimeLimitedWorker("tests.sandbox_targets:upper_or_die")
+    try:
+        out = list(w.map(["a", "die", "b", "c"], time_limit=30.0))
+    finally:
+        w.close()
+    assert out == [(True, "A"), (False, "worker crashed"), (True, "B"), (True, "C")]
+
+
+def test_a_reused_worker_whose_child_died_while_idle_starts_afresh_blaming_no_item():
+    w = TimeLimitedWorker("tests.sandbox_targets:upper_or_die")
+    try:
+        assert list(w.map(["a"], time_limit=30.0)) == [(True, "A")]
+        w.proc.kill()  # e.g. the kernel's OOM killer, between two shards
+        w.proc.wait()
+        assert list(w.map(["b", "c"], time_limit=30.0)) == [(True, "B"), (True, "C")]
+    finally:
+        w.close()
+
+
+def test_a_worker_whose_pipes_are_past_descriptor_1023_still_works():
+    """A process running many shards in threads (each with a sandbox child and its pipes) passes 1023
+    open descriptors; select() refused them ("filedescriptor out of range") and the shard failed."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = 1200
+    if hard != resource.RLIM_INFINITY and hard < need:
+        pytest.skip(f"this machine allows {hard} open files")
+    if soft != resource.RLIM_INFINITY and soft < need:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+    held = []
+    try:
+        while not held or held[-1] < 1100:  # the lowest free numbers are taken: the child's pipes come after
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        w = TimeLimitedWorker("tests.sandbox_targets:upper_or_hang")
+        try:
+            out = list(w.map(["a", "hang", "b"], time_limit=3.0))
+            assert w.proc.stdout.fileno() > 1023
+        finally:
+            w.close()
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert out == [(True, "A"), (False, TIMED_OUT), (True, "B")]
 
 
 def test_a_worker_started_from_another_directory_finds_the_project(tmp_path, monkeypatch):

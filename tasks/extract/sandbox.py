@@ -73,6 +73,22 @@ def _widen_pipe(fd: int) -> None:
         pass  # not Linux, or the limit is lower here: a smaller pipe is only slower
 
 
+_IN_EVENTS = select.POLLIN | select.POLLHUP | select.POLLERR  # EOF (the child died) reads as readable
+_OUT_EVENTS = select.POLLOUT | select.POLLHUP | select.POLLERR  # a closed reader: _send sees BrokenPipeError
+
+
+def _ready(out_fd: int, in_fd: int | None) -> tuple[bool, bool]:
+    """(the child's stdout can be read, its stdin can be written), without waiting. poll(), not
+    select(): select() refuses any descriptor past 1023, and a process running many shards in
+    threads, each with a child and its pipes, gets there (each shard then failed on its first page)."""
+    poller = select.poll()
+    poller.register(out_fd, select.POLLIN)
+    if in_fd is not None:
+        poller.register(in_fd, select.POLLOUT)
+    events = dict(poller.poll(0))
+    return bool(events.get(out_fd, 0) & _IN_EVENTS), in_fd is not None and bool(events.get(in_fd, 0) & _OUT_EVENTS)
+
+
 class TimeLimitedWorker:
     """`target` is "module:function"; the function takes one item of plain data (see sandbox_child)."""
 
@@ -133,12 +149,14 @@ class TimeLimitedWorker:
         exhausted = False
         unsent, pending_bytes, last = bytearray(), 0, time.monotonic()  # a reused child is idle now
         nap = POLL_MIN_S
+        if self.proc is not None and self.proc.poll() is not None:
+            self._kill()  # a reused child that died while idle owes nothing: start afresh, blaming no item
         while True:
             stopping.check()  # the run was interrupted: this page's shard stops here
-            if self.proc is not None and self.proc.poll() is not None and not self.ready:
-                raise self._failed_to_start()
-            if self.proc is None or self.proc.poll() is not None:
-                self._kill()
+            # A child that died mid-shard is found by reading its pipe to the end, not by its exit status:
+            # its last answers (and READY) may still be in the pipe. Restarting on the status dropped them,
+            # resent answered items, and counted a crash on the first pages as a failure to start.
+            if self.proc is None:
                 self._start()  # resend what the dead child never answered
                 unsent = bytearray(b"".join(frame(x) for x, _ in pending))
                 last = time.monotonic()
@@ -169,7 +187,7 @@ class TimeLimitedWorker:
                 yield False, TIMED_OUT
                 continue
             out_fd = self.proc.stdout.fileno()
-            readable, writable, _ = select.select([out_fd], [self.proc.stdin.fileno()] if unsent else [], [], 0)
+            readable, writable = _ready(out_fd, self.proc.stdin.fileno() if unsent else None)
             if not readable and not writable:  # nap instead of blocking: see POLL_MIN_S
                 time.sleep(min(nap, wait))
                 nap = min(2 * nap, POLL_MAX_S)
