@@ -8,7 +8,11 @@ row. The first part checks that the emulator itself sees such faults."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import time
 import zlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +22,7 @@ from kernels import reference, runtime
 from kernels.bias_gelu import BACKWARD_TILINGS
 from kernels.layer_norm import FusedLayerNorm
 from kernels.layer_norm import layouts as layer_norm_layouts
+from tests import gpu_emulator
 from tests import kernel_checks as check
 from tests.gpu_emulator import CXX, EmulatedKernelError, Emulator, emulated
 from tests.kernel_checks import DTYPES, as64, close, grads
@@ -326,6 +331,41 @@ __global__ void convert(const float* x, bf16* b, fp16* h, float* back, int n) {
     nan = torch.full((8,), float("nan"))
     run(source, "convert", (32,), nan, b[:8], h[:8], back[:8], runtime.i32(8))
     assert b[:8].isnan().all() and h[:8].isnan().all()
+
+
+# --- its cache of compiled kernels ------------------------------------------------------------------
+
+TRIVIAL = "__global__ void fill(float* x) { x[threadIdx.x] = 1.0f; }"
+
+
+def test_units_compile_against_the_precompiled_emulator_header(tmp_path):
+    """Every unit starts from the emulator's header as GCC already parsed it (GCC prints `! <file>.gch` for a
+    precompiled header it used; it reads the header itself, silently, where the flags differ)."""
+    flags = gpu_emulator.FLAGS + gpu_emulator.RACE_FLAGS
+    headers = tuple(h.read_text() for h in sorted(gpu_emulator.HEADER.parent.glob("gpu_emulator*.h")))
+    stub = gpu_emulator._precompiled(flags, headers)
+    unit = tmp_path / "unit.cpp"
+    unit.write_text(gpu_emulator.translation_unit(TRIVIAL, "fill", stub))
+    done = subprocess.run([CXX, *flags, "-H", "-c", str(unit), "-o", str(tmp_path / "unit.o")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stderr.splitlines()[0] == f"! {stub}.gch"
+
+
+def test_the_cache_drops_what_went_unused_for_two_weeks_and_marks_what_is_used(tmp_path):
+    now = time.time()
+    for name in ("old.so", "recent.so", "pch-old/emulator.h.gch", "tmpkilled/unit.o", "notes.txt"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_bytes(b"x")
+    for name in ("old.so", "pch-old", "tmpkilled", "notes.txt"):
+        os.utime(tmp_path / name, (now - 15 * 86400,) * 2)
+    gpu_emulator.prune(tmp_path, now - gpu_emulator.UNUSED_FOR_S)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "recent.so"]  # only its own kinds
+    so = Path(gpu_emulator.library(COMMON + TRIVIAL, "fill")._name)
+    os.utime(so, (now - 15 * 86400,) * 2)
+    gpu_emulator.library.cache_clear()  # a later process, loading it from the cache
+    gpu_emulator.library(COMMON + TRIVIAL, "fill")
+    assert so.stat().st_mtime >= now - 1
 
 
 # --- the kernels ---------------------------------------------------------------------------------------
