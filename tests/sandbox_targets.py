@@ -25,3 +25,31 @@ def upper_or_die(x: str) -> str:
         import os
         os._exit(139)
     return x.upper()
+
+
+def _start_helper() -> None:
+    """A process that outlives the child and holds its stdout open (any Popen or os.system inherits it);
+    its pid goes to the file the test named, for the test to end it."""
+    import os
+    import subprocess
+    helper = subprocess.Popen(["sleep", "300"])
+    with open(os.environ["SANDBOX_TEST_HELPER_PIDS"], "a") as f:
+        f.write(f"{helper.pid}\n")
+
+
+def upper_or_die_leaving_a_helper(x: str) -> str:
+    if x == "die":
+        import os
+        _start_helper()
+        os._exit(139)
+    return x.upper()
+
+
+def _broken_at_import() -> None:
+    import os
+    if os.environ.get("SANDBOX_TEST_BREAK_AT_IMPORT"):
+        _start_helper()
+        raise ImportError("broken at import, a helper left running")
+
+
+_broken_at_import()

@@ -1,6 +1,7 @@
 """Extraction: main text from real HTML, and every kind of bad input counted under its reason."""
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import random
@@ -117,6 +118,39 @@ def test_a_child_that_dies_mid_item_is_counted_as_a_crash_and_the_rest_go_on():
     finally:
         w.close()
     assert out == [(True, "A"), (False, "worker crashed"), (True, "B"), (True, "C")]
+
+
+@pytest.fixture
+def helper_pids(tmp_path, monkeypatch):
+    """Where a target records the processes it leaves behind; each is ended after the test."""
+    path = tmp_path / "helpers"
+    path.touch()
+    monkeypatch.setenv("SANDBOX_TEST_HELPER_PIDS", str(path))
+    yield path
+    import signal
+    for pid in path.read_text().split():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
+
+
+def test_a_child_that_dies_leaving_a_process_holding_its_pipe_is_still_a_crash(helper_pids):
+    """No EOF comes while a process the child started holds its stdout: the death was seen only when the page's
+    time limit ran out, counted as a timeout (and before the child was up, the shard waited START_TIMEOUT_S)."""
+    w = TimeLimitedWorker("tests.sandbox_targets:upper_or_die_leaving_a_helper")
+    try:
+        out = list(w.map(["a", "die", "b"], time_limit=120.0))
+    finally:
+        w.close()
+    assert out == [(True, "A"), (False, "worker crashed"), (True, "B")] and w.restarts == 0
+    assert helper_pids.read_text().strip()  # the helper did hold the pipe
+
+
+def test_a_child_that_cannot_start_leaving_a_process_holding_its_pipe_fails_at_once(helper_pids, monkeypatch):
+    monkeypatch.setenv("SANDBOX_TEST_BREAK_AT_IMPORT", "1")
+    w = TimeLimitedWorker("tests.sandbox_targets:upper_or_hang")
+    with pytest.raises(RuntimeError, match=r"exited with code 1 before it was up: ImportError: broken at import"):
+        list(w.map(["a"], time_limit=120.0))
+    assert helper_pids.read_text().strip()
 
 
 def test_a_reused_worker_whose_child_died_while_idle_starts_afresh_blaming_no_item():

@@ -123,7 +123,11 @@ class TimeLimitedWorker:
 
     def _failed_to_start(self) -> RuntimeError:
         """The child died before it was up: every page would fail alike, so the shard fails, naming why."""
-        self.proc.wait()
+        try:
+            self.proc.wait(timeout=5)  # its stdout ended: it is exiting, unless it closed stdout and lives on
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
         code = self.proc.returncode
         self.stderr.seek(0)
         lines = [x.strip() for x in self.stderr.read()[-4096:].decode("utf-8", "replace").splitlines() if x.strip()]
@@ -187,16 +191,20 @@ class TimeLimitedWorker:
                 yield False, TIMED_OUT
                 continue
             out_fd = self.proc.stdout.fileno()
+            # its status before its pipe: what a dead child wrote is in the pipe by the time it is dead
+            dead = self.proc.poll() is not None
             readable, writable = _ready(out_fd, self.proc.stdin.fileno() if unsent else None)
-            if not readable and not writable:  # nap instead of blocking: see POLL_MIN_S
+            if not readable and not writable and not dead:  # nap instead of blocking: see POLL_MIN_S
                 time.sleep(min(nap, wait))
                 nap = min(2 * nap, POLL_MAX_S)
                 continue
             nap = POLL_MIN_S
             if writable:
                 self._send(unsent)
-            if readable:
+            if readable or dead:
                 try:
+                    if not readable:  # dead, its pipe empty, yet no EOF: a process it started holds the pipe
+                        raise EOFError
                     result = read_frame(out_fd)
                 except EOFError:  # the child died (e.g. a crash in native code)
                     if not self.ready:
