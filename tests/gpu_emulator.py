@@ -120,20 +120,37 @@ def library(source: str, expression: str, races: bool = False, extra: tuple[str,
     headers = [h.read_text() for h in sorted(HEADER.parent.glob("gpu_emulator*.h"))]
     key = hashlib.sha256("\n".join([unit, *headers, *flags, _compiler()]).encode()).hexdigest()[:24]
     so = _cache() / f"{key}.so"
-    if not _touch(so):
-        with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
-            src, out = Path(tmp) / "unit.cpp", Path(tmp) / "unit.so"
-            src.write_text(translation_unit(source, expression, _precompiled(flags, tuple(headers))))
-            obj = Path(tmp) / "unit.o"
-            done = subprocess.run([CXX, *flags, "-c", str(src), "-o", str(obj)], capture_output=True, text=True)
-            if not done.returncode:
-                done = subprocess.run([CXX, "-shared", str(obj), "-o", str(out)], capture_output=True, text=True)
-            if done.returncode:
-                raise EmulatedKernelError(f"{expression} does not compile for the emulator:\n{done.stderr[-4000:]}")
-            os.replace(out, so)  # atomic: parallel test workers may compile the same instantiation
-    lib = ctypes.CDLL(str(so))
+    for attempt in range(2):
+        if not _touch(so):
+            _build(so, source, expression, flags, tuple(headers))
+        try:
+            lib = ctypes.CDLL(str(so))
+            break
+        except OSError:
+            if so.exists() or attempt:
+                raise
+            # another test process pruned it between the two lines above: build it again
     lib.emu_launch.restype = ctypes.c_int
     return lib
+
+
+def _build(so: Path, source: str, expression: str, flags: tuple[str, ...], headers: tuple[str, ...]) -> None:
+    with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+        src, obj, out = Path(tmp) / "unit.cpp", Path(tmp) / "unit.o", Path(tmp) / "unit.so"
+
+        def compile_after(header: Path) -> subprocess.CompletedProcess:
+            src.write_text(translation_unit(source, expression, header))
+            return subprocess.run([CXX, *flags, "-c", str(src), "-o", str(obj)], capture_output=True, text=True)
+
+        header = _precompiled(flags, headers)
+        done = compile_after(header)
+        if done.returncode and not header.exists():  # another test process pruned it meanwhile
+            done = compile_after(HEADER)
+        if not done.returncode:
+            done = subprocess.run([CXX, "-shared", str(obj), "-o", str(out)], capture_output=True, text=True)
+        if done.returncode:
+            raise EmulatedKernelError(f"{expression} does not compile for the emulator:\n{done.stderr[-4000:]}")
+        os.replace(out, so)  # atomic: parallel test workers may compile the same instantiation
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -145,12 +162,12 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 PROT_NONE, PROT_RW, MAP_PRIVATE_ANONYMOUS = 0, 3, 0x22
 
 
-@functools.cache
 def _precompiled(flags: tuple[str, ...], headers: tuple[str, ...]) -> Path:
     """A header that includes HEADER, beside its GCC precompiled form for `flags` (kept in CACHE): a unit
     that starts with it skips parsing the emulator (measured: 0.17 s of a unit's ~1.1 s; ~200 units in a
     run with an empty cache). GCC takes the .gch only where the unit's flags match the ones it was built
-    with, and reads the header itself otherwise, so a refused one costs time, never a result."""
+    with, and reads the header itself otherwise, so a refused one costs time, never a result. Looked up
+    for every unit, not once a process: another test process may prune it in between."""
     key = hashlib.sha256("\n".join([str(HEADER), *headers, *flags, _compiler()]).encode()).hexdigest()[:24]
     folder = _cache() / f"pch-{key}"
     if _touch(folder):
@@ -200,7 +217,8 @@ def prune(folder: Path, unused_since: float) -> None:
     change to a kernel adds its instantiations (~170 of ~50 KB), each change to the emulator's headers all
     of them and ~35 MB of precompiled header per set of flags, and nothing else ever removed them. A
     library another process still has loaded stays mapped there; one unused for days is not about to be
-    compiled against or loaded at the instant it goes, and if it were, it would be built again."""
+    compiled against or loaded at the instant it goes, and if it were, library() builds it again, and a unit
+    whose precompiled header went is compiled after the header itself."""
     for entry in folder.iterdir():
         if not (entry.name.endswith(".so") or entry.name.startswith(("pch-", "tmp"))):  # tmp: a killed build's
             continue

@@ -338,12 +338,28 @@ __global__ void convert(const float* x, bf16* b, fp16* h, float* back, int n) {
 TRIVIAL = "__global__ void fill(float* x) { x[threadIdx.x] = 1.0f; }"
 
 
-def test_units_compile_against_the_precompiled_emulator_header(tmp_path):
+def _fresh(tag: str) -> str:
+    """A source no earlier run compiled (a library is cached by its text)."""
+    return f"// {tag} {time.time_ns()} {os.getpid()}\n{TRIVIAL}"
+
+
+def test_units_compile_against_the_precompiled_emulator_header(tmp_path, monkeypatch):
     """Every unit starts from the emulator's header as GCC already parsed it (GCC prints `! <file>.gch` for a
     precompiled header it used; it reads the header itself, silently, where the flags differ)."""
     flags = gpu_emulator.FLAGS + gpu_emulator.RACE_FLAGS
     headers = tuple(h.read_text() for h in sorted(gpu_emulator.HEADER.parent.glob("gpu_emulator*.h")))
     stub = gpu_emulator._precompiled(flags, headers)
+    first_lines, real_run = [], subprocess.run
+
+    def run_recording(args, **kw):
+        if "-c" in args:
+            first_lines.append(Path(args[args.index("-c") + 1]).read_text().splitlines()[0])
+        return real_run(args, **kw)
+
+    monkeypatch.setattr(gpu_emulator.subprocess, "run", run_recording)
+    gpu_emulator.library(COMMON + _fresh("precompiled"), "fill", races=True)
+    monkeypatch.undo()
+    assert first_lines == [f'#include "{stub}"']
     unit = tmp_path / "unit.cpp"
     unit.write_text(gpu_emulator.translation_unit(TRIVIAL, "fill", stub))
     done = subprocess.run([CXX, *flags, "-H", "-c", str(unit), "-o", str(tmp_path / "unit.o")],
@@ -354,18 +370,42 @@ def test_units_compile_against_the_precompiled_emulator_header(tmp_path):
 
 def test_the_cache_drops_what_went_unused_for_two_weeks_and_marks_what_is_used(tmp_path):
     now = time.time()
-    for name in ("old.so", "recent.so", "pch-old/emulator.h.gch", "tmpkilled/unit.o", "notes.txt"):
+    for name in ("old.so", "recent.so", "pch-old/emulator.h.gch", "pch-recent/emulator.h.gch", "tmpkilled/unit.o",
+                 "tmpbuilding/unit.o", "notes.txt"):
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_bytes(b"x")
     for name in ("old.so", "pch-old", "tmpkilled", "notes.txt"):
         os.utime(tmp_path / name, (now - 15 * 86400,) * 2)
     gpu_emulator.prune(tmp_path, now - gpu_emulator.UNUSED_FOR_S)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "recent.so"]  # only its own kinds
+    # only its own kinds, and nothing another test process is using or building now
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "pch-recent", "recent.so", "tmpbuilding"]
     so = Path(gpu_emulator.library(COMMON + TRIVIAL, "fill")._name)
     os.utime(so, (now - 15 * 86400,) * 2)
     gpu_emulator.library.cache_clear()  # a later process, loading it from the cache
     gpu_emulator.library(COMMON + TRIVIAL, "fill")
     assert so.stat().st_mtime >= now - 1
+
+
+def test_what_another_process_prunes_in_use_is_built_again(tmp_path, monkeypatch):
+    """A precompiled header gone between its lookup and the compile: the unit is compiled after the header
+    itself. A library gone between its lookup and its loading: built again."""
+    monkeypatch.setattr(gpu_emulator, "_precompiled", lambda flags, headers: tmp_path / "pch-pruned" / "emulator.h")
+    x = torch.zeros(32)
+    run(_fresh("pruned header"), "fill", (32,), x)
+    assert torch.equal(x, torch.ones(32))
+    monkeypatch.undo()
+    looked_up, touch = [], gpu_emulator._touch
+
+    def found_then_gone(entry: Path) -> bool:  # the first lookup finds the library, which then goes
+        if entry.suffix != ".so":
+            return touch(entry)
+        looked_up.append(entry)
+        return len(looked_up) == 1 or touch(entry)
+
+    monkeypatch.setattr(gpu_emulator, "_touch", found_then_gone)
+    x = torch.zeros(32)
+    run(_fresh("pruned library"), "fill", (32,), x)
+    assert torch.equal(x, torch.ones(32)) and len(looked_up) == 2 and looked_up[0] == looked_up[1]
 
 
 # --- the kernels ---------------------------------------------------------------------------------------
