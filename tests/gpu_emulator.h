@@ -1,5 +1,6 @@
 // The CUDA device side, emulated on the CPU, for running the kernels of kernels/cuda/ without a GPU
-// (tests/gpu_emulator.py compiles a kernel source after this header with the host C++ compiler).
+// (tests/gpu_emulator.py compiles a kernel source after this header with the host C++ compiler, and
+// links the runtime this header defines under EMU_RUNTIME, compiled once).
 // Every CUDA thread of a block is a fiber (a stack of its own, gpu_emulator_switch.h) on one OS
 // thread; a fiber runs until it waits at __syncthreads or at a warp shuffle, and the scheduler
 // resumes the fibers whose barrier has opened:
@@ -91,18 +92,34 @@ struct Launch {
 constexpr int SIGNALS[4] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL};
 inline Launch L;
 
-inline unsigned long long next_random() {  // xorshift64*
+// The runtime (scheduler, barriers, fault handling, shared memory, race checks): declared here, defined
+// under EMU_RUNTIME, which gpu_emulator.py compiles once per set of flags into an object that every
+// kernel's library links. A kernel's unit then compiles its kernel, not the whole emulator again.
+void fail(const std::string& why);
+std::string where();
+void arrive(Barrier& b, int kind);
+Region guarded(size_t bytes, size_t align);  // gpu_emulator_shared.h: shared memory
+void refill_shared();
+void check_gaps();
+void watch(void* p, size_t bytes);  // gpu_emulator_races.h: shared memory to check for races
+void unwatch(void* p);
+// launch() below, past its checks of the kernel's parameters
+std::string run_launch(void (*body)(void*), void* closure, const unsigned* grid, const unsigned* block,
+                       size_t shared_bytes, unsigned long long seed, size_t dynamic_align);
+
+#ifdef EMU_RUNTIME
+unsigned long long next_random() {  // xorshift64*
   L.rng ^= L.rng >> 12; L.rng ^= L.rng << 25; L.rng ^= L.rng >> 27;
   return L.rng * 2685821657736338717ull;
 }
 
-inline void fail(const std::string& why) {
+void fail(const std::string& why) {
   if (L.error.empty()) L.error = why;
   // park the fiber for good: the scheduler stops at the first error
   switch_context(L.fibers[L.current].ctx, L.scheduler);
 }
 
-inline std::string where() {
+std::string where() {
   const Fiber& f = L.fibers[L.current];
   char b[96];
   snprintf(b, sizeof b, "block (%u,%u,%u) thread %u", blockIdx.x, blockIdx.y, blockIdx.z, f.idx.x);
@@ -110,7 +127,7 @@ inline std::string where() {
 }
 
 // Opens `b` if every live member has arrived (the last to arrive, or a member exiting, completes it).
-inline bool open_if_complete(Barrier& b) {
+bool open_if_complete(Barrier& b) {
   if (b.arrived == 0 || b.arrived != b.live) return false;
   b.arrived = 0;
   ++b.gen;
@@ -118,7 +135,7 @@ inline bool open_if_complete(Barrier& b) {
 }
 
 // Arrive at a barrier; the last to arrive opens it and goes on, the others wait to be resumed.
-inline void arrive(Barrier& b, int kind) {
+void arrive(Barrier& b, int kind) {
   ++b.arrived;
   if (open_if_complete(b)) return;
   Fiber& f = L.fibers[L.current];
@@ -127,7 +144,7 @@ inline void arrive(Barrier& b, int kind) {
   switch_context(f.ctx, L.scheduler);
 }
 
-inline void exit_fiber() {  // a returned thread no longer counts at its block's or warp's barriers
+void exit_fiber() {  // a returned thread no longer counts at its block's or warp's barriers
   Barrier& warp = L.warps[L.current / 32];
   if (warp.arrived > 0)  // its lanes wait at a shuffle: they would read what it never wrote
     fail(where() + ": returned while " + std::to_string(warp.arrived) + " lanes of its warp wait at a shuffle");
@@ -142,7 +159,7 @@ inline void exit_fiber() {  // a returned thread no longer counts at its block's
 // A fault or trap inside a fiber (a protected page touched, an integer division by zero, a misaligned
 // access trapped by -fsanitize=alignment) ends the launch with an error; one anywhere else goes to
 // the handler that was there before.
-inline void on_fault(int sig, siginfo_t* info, void*) {
+void on_fault(int sig, siginfo_t* info, void*) {
   if (L.current < 0 || L.faulted) {
     for (int i = 0; i < 4; ++i)
       if (SIGNALS[i] == sig) sigaction(sig, &L.old[i], nullptr);
@@ -159,20 +176,20 @@ inline void on_fault(int sig, siginfo_t* info, void*) {
   switch_context(abandoned, L.scheduler);  // back into run_block, as if the fiber had yielded
 }
 
-inline void trampoline() {
+void trampoline() {
   L.body(L.closure);
   exit_fiber();
   switch_context(L.fibers[L.current].ctx, L.scheduler);  // done: never resumed
 }
 
-inline bool waiting(const Fiber& f) {
+bool waiting(const Fiber& f) {
   if (f.wait == 1) return L.block.gen == f.gen;
   if (f.wait == 2) return L.warps[(&f - L.fibers.data()) / 32].gen == f.gen;
   return false;
 }
 
 // What on_fault caught in thread `t`, and, where the address tells, the shared memory it ran past.
-inline std::string fault_message(unsigned t) {
+std::string fault_message(unsigned t) {
   char b[192];
   const char* what = L.fault_signal == SIGFPE   ? "arithmetic trap (integer division by zero?)"
                      : L.fault_signal == SIGILL ? "trap (a misaligned access, under -fsanitize=alignment)"
@@ -188,13 +205,7 @@ inline std::string fault_message(unsigned t) {
   return message;
 }
 
-inline void watch(void* p, size_t bytes);  // gpu_emulator_races.h: shared memory to check for races
-inline void unwatch(void* p);
-inline Region guarded(size_t bytes, size_t align);  // gpu_emulator_shared.h: shared memory
-inline void refill_shared();
-inline void check_gaps();
-
-inline void run_block(unsigned threads) {
+void run_block(unsigned threads) {
   ++L.block_serial;
   L.fibers.assign(threads, Fiber{});
   const unsigned nwarps = (threads + 31) / 32;
@@ -251,6 +262,7 @@ inline void run_block(unsigned threads) {
   }
   if (L.error.empty()) check_gaps();
 }
+#endif  // EMU_RUNTIME
 
 template <typename T>
 T exchange(unsigned mask, T v, int lane_from_delta, bool xor_lanes, int width) {
@@ -327,15 +339,21 @@ std::string launch(void (*kernel)(A...), const unsigned* grid, const unsigned* b
     if ((size_t)sizes[i] != expected[i])
       return "argument " + std::to_string(i) + " is " + std::to_string(sizes[i]) + " bytes, the kernel's parameter " +
              std::to_string(expected[i]);
+  Closure<A...> closure{kernel, args};
+  return run_launch(run_closure<A...>, &closure, grid, block, shared_bytes, seed, dynamic_align);
+}
+
+#ifdef EMU_RUNTIME
+std::string run_launch(void (*body)(void*), void* closure, const unsigned* grid, const unsigned* block,
+                       size_t shared_bytes, unsigned long long seed, size_t dynamic_align) {
   const unsigned threads = block[0] * block[1] * block[2];
   if (threads == 0 || threads > 1024 || block[2] > 64) return "a block of " + std::to_string(block[0]) + " x " +
     std::to_string(block[1]) + " x " + std::to_string(block[2]) + " threads: a GPU launches at most 1024, z at most 64";
   if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0 || grid[0] > 2147483647u || grid[1] > 65535 || grid[2] > 65535)
     return "a grid of " + std::to_string(grid[0]) + " x " + std::to_string(grid[1]) + " x " + std::to_string(grid[2]) +
            ": a GPU's limits are 2^31 - 1 x 65535 x 65535, none 0";
-  Closure<A...> closure{kernel, args};
-  L.body = run_closure<A...>;
-  L.closure = &closure;
+  L.body = body;
+  L.closure = closure;
   L.error.clear();
   L.rng = seed * 0x9E3779B97F4A7C15ull + 1;
   L.greedy = seed % 2 == 0;
@@ -380,6 +398,7 @@ std::string launch(void (*kernel)(A...), const unsigned* grid, const unsigned* b
   L.dynamic = Region{};
   return L.error;
 }
+#endif  // EMU_RUNTIME
 
 }  // namespace emu
 

@@ -3,6 +3,7 @@
 // and store), shared memory is checked for races; without, nothing is watched.
 #pragma once
 
+#ifdef EMU_RUNTIME  // all of it: the runtime's (gpu_emulator.h)
 namespace emu {
 #ifdef EMU_RACES
 // Within one barrier interval, a word of a __shared__ array or of the dynamic shared memory that one
@@ -75,20 +76,20 @@ EMU_UNWATCHED inline void touch(const void* p, size_t n, bool write) {
 }
 
 // (touch() is held off while the list changes: the vector's own instrumented code calls the hooks)
-EMU_UNWATCHED inline void watch(void* p, size_t bytes) {
+EMU_UNWATCHED void watch(void* p, size_t bytes) {
   in_touch = true;
   shadows.push_back(Shadow{(unsigned char*)p, bytes, std::vector<Word>((bytes + 3) / 4)});
   in_touch = false;
 }
-EMU_UNWATCHED inline void unwatch(void* p) {
+EMU_UNWATCHED void unwatch(void* p) {
   in_touch = true;
   for (size_t i = 0; i < shadows.size(); ++i)
     if (shadows[i].base == p) { shadows.erase(shadows.begin() + i); break; }
   in_touch = false;
 }
 #else
-inline void watch(void*, size_t) {}
-inline void unwatch(void*) {}
+void watch(void*, size_t) {}
+void unwatch(void*) {}
 #endif
 }  // namespace emu
 
@@ -117,3 +118,4 @@ extern "C" void __tsan_atomic8_store(volatile char* a, char v, int) { *a = v; }
 extern "C" void __tsan_acquire(void*) {}
 extern "C" void __tsan_release(void*) {}
 #endif
+#endif  // EMU_RUNTIME

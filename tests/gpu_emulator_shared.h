@@ -4,10 +4,11 @@
 #pragma once
 
 namespace emu {
+#ifdef EMU_RUNTIME
 // `bytes` in a mapping of their own, aligned to `align` (a power of two) and, below 16, to no more (an
 // odd multiple of it: a GPU promises no more than declared), as close to a protected page as that
 // allows: the gap is under one element, under `align` from 16 on. p is null if mmap fails.
-inline Region guarded(size_t bytes, size_t align) {
+Region guarded(size_t bytes, size_t align) {
   const size_t page = 4096, size = (bytes + 2 * std::max<size_t>(align, 16) + page - 1) / page * page + page;
   auto* base = (unsigned char*)mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (base == MAP_FAILED) return Region{};
@@ -19,6 +20,7 @@ inline Region guarded(size_t bytes, size_t align) {
   std::memset(p, 0xff, end - p);
   return Region{p, bytes, size_t(end - p) - bytes, {base, size}};
 }
+#endif
 
 template <typename T, int DECLARATION, size_t ALIGN>
 T& shared_array() {  // a __shared__ array, once per declaration, refilled with 0xff at each block
@@ -31,14 +33,15 @@ T& shared_array() {  // a __shared__ array, once per declaration, refilled with 
   return *reinterpret_cast<T*>(p);
 }
 
+#ifdef EMU_RUNTIME
 // At each block's start: every shared array and the bytes after it 0xff.
-inline void refill_shared() {
+void refill_shared() {
   std::memset(L.dynamic.p, 0xff, L.dynamic.bytes + L.dynamic.gap);
   for (const Region& r : L.static_shared) std::memset(r.p, 0xff, r.bytes + r.gap);
 }
 
 // After a block: the bytes between each shared array's end and its protected page still 0xff.
-inline void check_gaps() {
+void check_gaps() {
   auto written = [](const Region& r) {
     for (size_t i = 0; i < r.gap; ++i)
       if (r.p[r.bytes + i] != 0xff) return true;
@@ -52,6 +55,7 @@ inline void check_gaps() {
   snprintf(b, sizeof b, "block (%u,%u,%u) wrote past the end of %s", blockIdx.x, blockIdx.y, blockIdx.z, what);
   L.error = b;
 }
+#endif
 }  // namespace emu
 
 // `__shared__ float s[33];` is rewritten to EMU_SHARED(float, s, [33], alignof(float)): the array lives

@@ -13,6 +13,7 @@
 // loads `load` as the stack pointer, pops that fiber's registers and returns where it left off. Hidden:
 // every kernel library carries its own copy.
 extern "C" void emu_switch_stack(void** save, void* load);
+#ifdef EMU_RUNTIME  // defined once, in the runtime's object
 asm(".pushsection .text\n"
     ".p2align 4\n"
     ".globl emu_switch_stack\n"
@@ -28,6 +29,7 @@ asm(".pushsection .text\n"
     "  ret\n"
     ".size emu_switch_stack, .-emu_switch_stack\n"
     ".popsection\n");
+#endif
 
 namespace emu {
 struct Context { void* sp = nullptr; };

@@ -345,10 +345,11 @@ def _fresh(tag: str) -> str:
 
 def test_units_compile_against_the_precompiled_emulator_header(tmp_path, monkeypatch):
     """Every unit starts from the emulator's header as GCC already parsed it (GCC prints `! <file>.gch` for a
-    precompiled header it used; it reads the header itself, silently, where the flags differ)."""
+    precompiled header it used; it reads the header itself, silently, where the flags differ), and links the
+    runtime compiled once (a unit that compiled it again would not link: its symbols defined twice)."""
     flags = gpu_emulator.FLAGS + gpu_emulator.RACE_FLAGS
     headers = tuple(h.read_text() for h in sorted(gpu_emulator.HEADER.parent.glob("gpu_emulator*.h")))
-    stub = gpu_emulator._precompiled(flags, headers)
+    stub = gpu_emulator._prebuilt(flags, headers) / "emulator.h"
     first_lines, real_run = [], subprocess.run
 
     def run_recording(args, **kw):
@@ -370,15 +371,15 @@ def test_units_compile_against_the_precompiled_emulator_header(tmp_path, monkeyp
 
 def test_the_cache_drops_what_went_unused_for_two_weeks_and_marks_what_is_used(tmp_path):
     now = time.time()
-    for name in ("old.so", "recent.so", "pch-old/emulator.h.gch", "pch-recent/emulator.h.gch", "tmpkilled/unit.o",
+    for name in ("old.so", "recent.so", "emulator-old/runtime.o", "emulator-recent/runtime.o", "tmpkilled/unit.o",
                  "tmpbuilding/unit.o", "notes.txt"):
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_bytes(b"x")
-    for name in ("old.so", "pch-old", "tmpkilled", "notes.txt"):
+    for name in ("old.so", "emulator-old", "tmpkilled", "notes.txt"):
         os.utime(tmp_path / name, (now - 15 * 86400,) * 2)
     gpu_emulator.prune(tmp_path, now - gpu_emulator.UNUSED_FOR_S)
     # only its own kinds, and nothing another test process is using or building now
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "pch-recent", "recent.so", "tmpbuilding"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["emulator-recent", "notes.txt", "recent.so", "tmpbuilding"]
     so = Path(gpu_emulator.library(COMMON + TRIVIAL, "fill")._name)
     os.utime(so, (now - 15 * 86400,) * 2)
     gpu_emulator.library.cache_clear()  # a later process, loading it from the cache
@@ -387,12 +388,18 @@ def test_the_cache_drops_what_went_unused_for_two_weeks_and_marks_what_is_used(t
 
 
 def test_what_another_process_prunes_in_use_is_built_again(tmp_path, monkeypatch):
-    """A precompiled header gone between its lookup and the compile: the unit is compiled after the header
-    itself. A library gone between its lookup and its loading: built again."""
-    monkeypatch.setattr(gpu_emulator, "_precompiled", lambda flags, headers: tmp_path / "pch-pruned" / "emulator.h")
+    """The prebuilt emulator (runtime, precompiled header) gone between its lookup and the compile, or a library
+    gone between its lookup and its loading: built again."""
+    prebuilt, calls = gpu_emulator._prebuilt, []
+
+    def gone_first(flags, headers):
+        calls.append(flags)
+        return tmp_path / "emulator-pruned" if len(calls) == 1 else prebuilt(flags, headers)
+
+    monkeypatch.setattr(gpu_emulator, "_prebuilt", gone_first)
     x = torch.zeros(32)
     run(_fresh("pruned header"), "fill", (32,), x)
-    assert torch.equal(x, torch.ones(32))
+    assert torch.equal(x, torch.ones(32)) and len(calls) == 2
     monkeypatch.undo()
     looked_up, touch = [], gpu_emulator._touch
 
