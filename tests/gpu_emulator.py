@@ -38,7 +38,7 @@ FLAGS = ("-std=c++17", "-O1", "-fPIC", "-fvisibility=hidden", "-w", f"-D__CUDA_A
          "-fstack-clash-protection")  # a frame larger than a thread's stack touches its guard page
 GUARD = 256  # guard bytes before every tensor argument
 CACHE = Path(os.environ.get("GPU_EMULATOR_CACHE", Path(tempfile.gettempdir()) / f"gpu-emulator-{os.getuid()}"))
-UNUSED_FOR_S = 14 * 86400  # what the cache keeps: a library or precompiled header used in the last two weeks
+UNUSED_FOR_S = 14 * 86400  # what the cache keeps: a library or prebuilt emulator used in the last two weeks
 SCALARS = {np.int32: ctypes.c_int32, np.int64: ctypes.c_int64, np.float32: ctypes.c_float, np.uint64: ctypes.c_uint64}
 
 
@@ -117,12 +117,12 @@ def library(source: str, expression: str, races: bool = False, extra: tuple[str,
         raise EmulatedKernelError("no C++ compiler (g++) on PATH")
     unit = translation_unit(source, expression)
     flags = FLAGS + (RACE_FLAGS if races else ()) + extra
-    headers = [h.read_text() for h in sorted(HEADER.parent.glob("gpu_emulator*.h"))]
+    headers = emulator_headers()
     key = hashlib.sha256("\n".join([unit, *headers, *flags, _compiler()]).encode()).hexdigest()[:24]
     so = _cache() / f"{key}.so"
     for attempt in range(2):
         if not _touch(so):
-            _build(so, source, expression, flags, tuple(headers))
+            _build(so, source, expression, flags, headers)
         try:
             lib = ctypes.CDLL(str(so))
             break
@@ -190,6 +190,12 @@ def _prebuilt(flags: tuple[str, ...], headers: tuple[str, ...]) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def emulator_headers() -> tuple[str, ...]:
+    """The texts of the emulator's headers: part of every cache key (read at each lookup: edited, they
+    key new entries)."""
+    return tuple(h.read_text() for h in sorted(HEADER.parent.glob("gpu_emulator*.h")))
+
+
 @functools.cache
 def _compiler() -> str:
     return subprocess.run([CXX, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
@@ -222,7 +228,8 @@ def prune(folder: Path, unused_since: float) -> None:
     library another process still has loaded stays mapped there; one unused for days is not about to be
     compiled against or loaded at the instant it goes, and if it were, library() builds it again."""
     for entry in folder.iterdir():
-        if not (entry.name.endswith(".so") or entry.name.startswith(("emulator-", "pch-", "tmp"))):  # tmp: a killed build's
+        # pch-: precompiled headers as c675ef0 kept them; tmp: a killed build's folder
+        if not (entry.name.endswith(".so") or entry.name.startswith(("emulator-", "pch-", "tmp"))):
             continue
         with contextlib.suppress(OSError):  # another test worker pruned it first
             if entry.stat().st_mtime < unused_since:

@@ -348,8 +348,7 @@ def test_units_compile_against_the_precompiled_emulator_header(tmp_path, monkeyp
     precompiled header it used; it reads the header itself, silently, where the flags differ), and links the
     runtime compiled once (a unit that compiled it again would not link: its symbols defined twice)."""
     flags = gpu_emulator.FLAGS + gpu_emulator.RACE_FLAGS
-    headers = tuple(h.read_text() for h in sorted(gpu_emulator.HEADER.parent.glob("gpu_emulator*.h")))
-    stub = gpu_emulator._prebuilt(flags, headers) / "emulator.h"
+    stub = gpu_emulator._prebuilt(flags, gpu_emulator.emulator_headers()) / "emulator.h"
     first_lines, real_run = [], subprocess.run
 
     def run_recording(args, **kw):
