@@ -28,13 +28,29 @@ def upper_or_die(x: str) -> str:
 
 
 def _start_helper() -> None:
-    """A process that outlives the child and holds its stdout open (any Popen or os.system inherits it);
-    its pid goes to the file the test named, for the test to end it."""
+    """A process that outlives the child and holds its frame pipe open: a fork (as multiprocessing's
+    default start on Linux) keeps every descriptor, the child's private ones included; its pid goes
+    to the file the test named, for the test to end it."""
+    import os
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(300)
+        os._exit(0)
+    with open(os.environ["SANDBOX_TEST_HELPER_PIDS"], "a") as f:
+        f.write(f"{pid}\n")
+
+
+def upper_noisy(x: str) -> str:
+    """What libraries do with the child's standard streams: a C library's printf, a tool it runs, a read of stdin."""
     import os
     import subprocess
-    helper = subprocess.Popen(["sleep", "300"])
-    with open(os.environ["SANDBOX_TEST_HELPER_PIDS"], "a") as f:
-        f.write(f"{helper.pid}\n")
+    if x == "printf":
+        os.write(1, b"libfoo: warning: odd markup\n")
+    elif x == "tool":
+        subprocess.run(["echo", "tool output"], check=True)
+    elif x == "stdin":
+        assert os.read(0, 4096) == b""  # nothing to read: never the parent's frames
+    return x.upper()
 
 
 def upper_or_die_leaving_a_helper(x: str) -> str:

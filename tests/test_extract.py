@@ -5,12 +5,14 @@ import contextlib
 import gzip
 import os
 import random
+import threading
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
 from tasks.core.config import parse_params
+from tasks.core import stopping
 from tasks.core.stage import Context
 from tasks.extract.stage import process
 from tasks.extract.sandbox import TIMED_OUT, TimeLimitedWorker
@@ -120,6 +122,32 @@ def test_a_child_that_dies_mid_item_is_counted_as_a_crash_and_the_rest_go_on():
     assert out == [(True, "A"), (False, "worker crashed"), (True, "B"), (True, "C")]
 
 
+def test_a_library_that_uses_the_childs_stdout_or_stdin_does_not_touch_the_frames():
+    """Bytes a C library printf-ed to descriptor 1 were read as a frame's length: the parent then waited,
+    with no time limit, for a frame that never came, and the shard hung. A read of stdin took a frame."""
+    w = TimeLimitedWorker("tests.sandbox_targets:upper_noisy")
+    out: list = []
+    items = ["a", "printf", "b", "tool", "c", "stdin", "d"]
+    stop = threading.Event()
+
+    def run() -> None:
+        with stopping.stoppable(stop), contextlib.suppress(stopping.ShardsStopped):
+            out.extend(w.map(items, time_limit=120.0))
+
+    t = threading.Thread(target=run, daemon=True)
+    try:
+        t.start()
+        t.join(180)  # a guard only: the old code never returned
+        if t.is_alive():
+            stop.set()  # the map stops at its next check, which the child's end below lets it reach
+            w.proc.kill()
+            t.join()
+            pytest.fail("the sandbox hung on a library using the child's stdout or stdin")
+    finally:
+        w.close()
+    assert out == [(True, x.upper()) for x in items] and w.restarts == 0
+
+
 @pytest.fixture
 def helper_pids(tmp_path, monkeypatch):
     """Where a target records the processes it leaves behind; each is ended after the test."""
@@ -134,7 +162,7 @@ def helper_pids(tmp_path, monkeypatch):
 
 
 def test_a_child_that_dies_leaving_a_process_holding_its_pipe_is_still_a_crash(helper_pids):
-    """No EOF comes while a process the child started holds its stdout: the death was seen only when the page's
+    """No EOF comes while a process the child forked holds its frame pipe: the death was seen only when the page's
     time limit ran out, counted as a timeout (and before the child was up, the shard waited START_TIMEOUT_S)."""
     w = TimeLimitedWorker("tests.sandbox_targets:upper_or_die_leaving_a_helper")
     try:

@@ -203,7 +203,7 @@ class TimeLimitedWorker:
                 self._send(unsent)
             if readable or dead:
                 try:
-                    if not readable:  # dead, its pipe empty, yet no EOF: a process it started holds the pipe
+                    if not readable:  # dead, its pipe empty, yet no EOF: a process it forked holds the pipe
                         raise EOFError
                     result = read_frame(out_fd)
                 except EOFError:  # the child died (e.g. a crash in native code)

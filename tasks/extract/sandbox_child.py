@@ -52,16 +52,31 @@ def read_frame(fd: int):
     return marshal.loads(_read_exact(fd, n))
 
 
+def _private(fd: int, replacement: int) -> int:
+    """Move the frame pipe on `fd` to a descriptor of its own, and put `replacement` on `fd`.
+
+    Native code writes to descriptor 1 (a C library's printf, a tool it runs): in the frame stream
+    that read as a frame length, and the parent waited forever for a frame that never came. A
+    library that reads descriptor 0 took frames meant for the loop. The private copy is not
+    inherited, so a process the library starts cannot hold the pipe open after the child died.
+    """
+    private = os.dup(fd)  # os.dup: close-on-exec
+    os.dup2(replacement, fd)
+    if replacement > 2:
+        os.close(replacement)
+    return private
+
+
 def serve(target: str) -> None:
     """Answer every item frame with (True, fn(item)) or (False, "Error: message"); stop on None/EOF."""
     # Ctrl-C in a terminal signals the whole process group: a child that died of it mid-item was taken
     # for a crash on that page, which was then dropped from a shard that completed. The parent stops
     # the child (it closes the pipe or kills it) when it is interrupted itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    rfd, wfd = _private(0, os.open(os.devnull, os.O_RDONLY)), _private(1, 2)
+    sys.stdout = sys.stderr  # unbuffered, as stderr is: a crash loses none of what the library printed
     module, _, name = target.partition(":")
     fn = getattr(importlib.import_module(module), name)
-    rfd, wfd = sys.stdin.fileno(), sys.stdout.fileno()
-    sys.stdout = sys.stderr  # stray prints from libraries must not corrupt the frame stream
     write_frame(wfd, READY)
     while True:
         try:
