@@ -7,6 +7,7 @@ through `deepspeed.launcher.launch`, and the two ranks meet at 127.0.0.1 as two 
 from __future__ import annotations
 
 import os
+import re
 import stat
 import sys
 from pathlib import Path
@@ -165,3 +166,93 @@ def test_whatever_the_reads_the_console_gets_all_but_the_report(size):
     for shown in (glog + error, glog + bar, bar + b"\n" + glog + error):
         assert _echoed(shown + report, size) == shown
         assert _echoed(shown, size) == shown
+
+
+def stand_in(tmp_path: Path, what: str) -> Path:
+    """The file that tells tests.launch_targets what its rank does; the launch's folder is its folder."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "run.json"
+    path.write_text(what, encoding="utf-8")
+    return path
+
+
+def test_a_resumed_runs_failure_is_named_by_its_own_line_not_the_run_befores(tmp_path):
+    """A resumed run appends to the launch log of the run before: its first labelled line, the earlier
+    failure's, was reported for every later failure (fixed disk space, then a NaN: still "no space left")."""
+    import io
+    log = tmp_path / "launch.log"
+    config = stand_in(tmp_path, "say I/O error: [Errno 28] No space left on device: 'checkpoints/step-40'")
+    with pytest.raises(launch.LaunchFailed, match="No space left on device"):
+        launch.run("tests.launch_targets", config, 1, log, timeout=300, echo=io.BytesIO())
+    stand_in(tmp_path, "say training failed: the loss is NaN at step 57")
+    for echo in (io.BytesIO(), None):
+        with pytest.raises(launch.LaunchFailed) as failed:
+            launch.run("tests.launch_targets", config, 1, log, timeout=300, echo=echo)
+        assert failed.value.line == "training failed: the loss is NaN at step 57"
+    assert "No space left on device" in log.read_text()  # the log keeps both runs
+
+
+def test_a_rank_killed_by_a_signal_is_named_with_the_signal(tmp_path):
+    """The out-of-memory killer's SIGKILL leaves no line of the rank's own: the error was the first line holding
+    "error", a frame of torchrun's traceback (`File ".../multiprocessing/errors/__init__.py", line 367`)."""
+    import io
+    with pytest.raises(launch.LaunchFailed) as failed:
+        launch.run("tests.launch_targets", stand_in(tmp_path, "killed"), 1, tmp_path / "launch.log", timeout=300,
+                   echo=io.BytesIO())
+    assert re.fullmatch(r"rank 0 \(local rank, pid \d+\) was killed by SIGKILL \(the kernel's out-of-memory killer, "
+                        r"or kill -9\)", failed.value.line), failed.value.line
+
+
+def test_the_time_limit_is_named_whether_the_output_is_echoed_or_not(tmp_path):
+    """The train stage echoes the ranks' output: its time limit stopped torchrun, which exits 1 as for a failed
+    rank, and the stage reported a frame of torchrun's traceback as the training's error."""
+    import io
+    for echo in (io.BytesIO(), None):
+        with pytest.raises(launch.LaunchTimedOut, match=r"every rank was stopped after the launch's time limit of 2 s"):
+            launch.run("tests.launch_targets", stand_in(tmp_path / str(echo is None), "busy"), 1,
+                       tmp_path / "launch.log", timeout=2, echo=echo)
+    assert not lifeline_launched()
+
+
+def lifeline_launched() -> list[int]:
+    from tasks.core import lifeline
+    return lifeline.launched_pids()
+
+
+TORCHRUN_REPORT = """\
+E1128 03:04:51.782000 31521 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: {code}) \
+local_rank: {rank} (pid: 31526) of binary: /usr/bin/python
+Traceback (most recent call last):
+  File "/usr/lib/python3/site-packages/torch/distributed/elastic/multiprocessing/errors/__init__.py", line 367, in wrapper
+    return f(*args, **kwargs)
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+  traceback : Signal 9 (SIGKILL) received by PID 31526
+"""
+
+
+@pytest.mark.parametrize("text,line", [
+    # the rank killed first; the others' errors are only their lost peer
+    ("rank up\nerror: RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer\n"
+     + TORCHRUN_REPORT.format(code=-9, rank=1),
+     "rank 1 (local rank, pid 31526) was killed by SIGKILL (the kernel's out-of-memory killer, or kill -9)"),
+    ("W1128 Sending process 31527 closing signal SIGTERM\n" + TORCHRUN_REPORT.format(code=-11, rank=0),
+     "rank 0 (local rank, pid 31526) was killed by SIGSEGV (a crash in native code)"),
+    # a rank's own line wins over a traceback's frames that hold "error"
+    ('  File "/x/tasks/core/errors.py", line 3, in f\nconfiguration error: profile \'x\' needs 80 GiB\n'
+     + TORCHRUN_REPORT.format(code=2, rank=0), "configuration error: profile 'x' needs 80 GiB"),
+    # a traceback the rank did not catch (an import that failed): its last line
+    ('Traceback (most recent call last):\n  File "/x/trainer/errors_seen.py", line 1, in <module>\n'
+     "ModuleNotFoundError: No module named 'cupy_backends'\n" + TORCHRUN_REPORT.format(code=1, rank=0),
+     "ModuleNotFoundError: No module named 'cupy_backends'"),
+    ("rank up\n" + TORCHRUN_REPORT.format(code=3, rank=0), "rank 0 exited with code 3 and no error line"),
+    # several hosts through pdsh: `<host>: ` before every line
+    ("node1: rank up\nnode2: configuration error: profile 'mtnlg' needs 80 GiB per GPU\n"
+     "node2: [launch.py:259:sigkill_handler] ['python', '-u'] exits with return code = 2\n",
+     "configuration error: profile 'mtnlg' needs 80 GiB per GPU (on node2)"),
+    ("node1: rank up\nnode2: [launch.py:259:sigkill_handler] ['python', '-u'] exits with return code = -9\n",
+     "a rank on node2 was killed by SIGKILL (the kernel's out-of-memory killer, or kill -9)"),
+])
+def test_the_error_of_a_failed_launch_is_read_from_its_log(tmp_path, text, line):
+    log = tmp_path / "launch.log"
+    log.write_text(text)
+    assert launch.first_error(log) == line

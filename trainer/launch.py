@@ -26,6 +26,15 @@ class LaunchFailed(RuntimeError):
         super().__init__(f"launch exited {code}: {line}")
 
 
+class LaunchTimedOut(LaunchFailed):
+    """The launch ran past its time limit, and every rank was stopped."""
+
+    def __init__(self, timeout: float):
+        self.timeout = timeout
+        RuntimeError.__init__(self, f"every rank was stopped after the launch's time limit of {timeout:g} s")
+        self.code, self.line = None, str(self)
+
+
 def free_port() -> int:
     """A port free on 127.0.0.1 now, for a server that binds it a moment later. It is drawn from below the
     kernel's ephemeral range (ip_local_port_range), the range bind(0) and outgoing connections take their
@@ -115,18 +124,74 @@ def environment(log: Path) -> dict:
     return {**os.environ, **ours, "DS_ENV_FILE": str(env_file.resolve())}
 
 
-def first_error(log: Path) -> str:
-    """The ranks' own one-line error (`<label>: cause`), else the launcher's last error line."""
+# torchrun's line for the first rank that failed (its exit code negative: killed by that signal), and DeepSpeed's
+# per-host launcher's (which names no rank); pdsh puts `<host>: ` before every line from another host
+_RANK_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)"
+                          r"|exits with return code = (-?\d+)")
+_HOST = re.compile(r"[\w.-]+")
+_EXCEPTION = re.compile(r"(?:[\w.]+\.)?\w*(?:Error|Exception)(?::|$)")  # a traceback's last line
+_KILLED_WHY = {signal.SIGKILL: "the kernel's out-of-memory killer, or kill -9", signal.SIGSEGV: "a crash in native code",
+               signal.SIGABRT: "an abort in native code (a failed CUDA or NCCL call, say)",
+               signal.SIGBUS: "a crash in native code (or /dev/shm full)"}
+
+
+def _labels() -> set[str]:
     from tasks.core.errors import PipelineError
     labels, todo = {"error"}, [PipelineError]
     while todo:
         cls = todo.pop()
         labels.add(cls.label)
         todo += cls.__subclasses__()
-    lines = Path(log).read_text(errors="replace").splitlines()
-    own = [ln for ln in lines if ln.split(":", 1)[0] in labels]
-    errors = own or [ln for ln in lines if "error" in ln.lower()]
-    return errors[0].strip() if errors else f"see {log}"
+    return labels
+
+
+def _killed(code: int, rank: str | None, pid: str | None, host: str | None) -> str:
+    who = (f"rank {rank} (local rank, pid {pid})" if rank is not None else "a rank") + (f" on {host}" if host else "")
+    try:
+        sig = signal.Signals(-code)
+    except ValueError:
+        return f"{who} was killed by signal {-code}"
+    why = _KILLED_WHY.get(sig)
+    return f"{who} was killed by {sig.name}" + (f" ({why})" if why else "")
+
+
+def first_error(log: Path, start: int = 0) -> str:
+    """Why the launch failed, from what it wrote to `log` after byte `start` (a resumed run appends to the log
+    of the run before, whose error is not this one's): the ranks' own one-line error (`<label>: cause`); a
+    rank killed by a signal, which writes none (the other ranks' errors then are only their lost peer); a
+    Python traceback's last line; the exit code torchrun reports; else the launcher's first error line."""
+    labels = _labels()
+    with open(log, "rb") as f:
+        f.seek(start)
+        lines = f.read().decode("utf-8", "replace").splitlines()
+    own, exceptions, failed, other = [], [], None, []
+    for ln in lines:
+        host, sep, rest = ln.partition(": ")
+        if not (sep and _HOST.fullmatch(host) and host not in labels and not _EXCEPTION.match(host + ":")
+                and (rest.partition(": ")[0] in labels or rest[:1].isspace() or _RANK_FAILED.search(rest)
+                     or _EXCEPTION.match(rest))):  # `ValueError: x` names no host
+            host, rest = None, ln
+        if failed is None and (m := _RANK_FAILED.search(rest)):
+            code = int(m[1] if m[1] is not None else m[4])
+            failed = (code, m[2], m[3], host)
+            continue
+        if failed is not None or rest[:1].isspace():
+            continue  # the launcher's report after it; a traceback's frames
+        if rest.partition(": ")[0] in labels:
+            own.append(rest + (f" (on {host})" if host else ""))
+        elif _EXCEPTION.match(rest):
+            exceptions.append(rest)
+        elif "error" in rest.lower():
+            other.append(rest)
+    if failed is not None and failed[0] < 0:
+        return _killed(*failed)
+    found = own or exceptions
+    if found:
+        return found[0].strip()
+    if failed is not None:
+        return f"rank {failed[1]} exited with code {failed[0]} and no error line" if failed[1] is not None else \
+            f"a rank exited with code {failed[0]} and no error line"
+    return other[0].strip() if other else f"see {log}"
 
 
 def start(module: str, config: Path, ranks: int, log: Path, launch: LaunchParams = LOCAL) -> subprocess.Popen:
@@ -142,25 +207,32 @@ def run(module: str, config: Path, ranks: int, log: Path, timeout: float | None 
         launch: LaunchParams = LOCAL) -> None:
     """Run to the end (every rank killed after `timeout` seconds; None: no limit); the ranks' output
     goes to `log` and, as it comes, to `echo` (a binary stream, e.g. sys.stderr.buffer)."""
+    lifeline.wait_for_ranks(Path(config).parent)  # first: an earlier launch's last ranks may still write to the log
+    start_at = Path(log).stat().st_size if Path(log).exists() else 0  # a resumed run's log goes on
     if echo is None:
         proc = start(module, config, ranks, log, launch)
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             stop(proc)
-            raise
+            raise LaunchTimedOut(timeout) from None
     else:
-        lifeline.wait_for_ranks(Path(config).parent)
         code = _run_echoing(command(module, config, ranks, launch), log, echo, timeout)
     if code:
-        raise LaunchFailed(code, first_error(log))
+        raise LaunchFailed(code, first_error(log, start_at))
 
 
 def _run_echoing(cmd: list[str], log: Path, echo, timeout: float | None) -> int:
     import threading
     proc = subprocess.Popen(cmd, env=environment(log), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
-    timer = threading.Timer(timeout, stop, (proc,)) if timeout else None
+    timed_out = threading.Event()
+
+    def time_up() -> None:
+        timed_out.set()
+        stop(proc)
+
+    timer = threading.Timer(timeout, time_up) if timeout else None
     if timer:
         timer.start()
     last, tail, held, muted = b"\n", b"", b"", False
@@ -175,10 +247,14 @@ def _run_echoing(cmd: list[str], log: Path, echo, timeout: float | None) -> int:
                         echo.write(shown)
                         echo.flush()
                         last = shown[-1:]
-        return proc.wait()
+        code = proc.wait()
+        if code and timed_out.is_set():  # stopped by the timer (torchrun then exits 1, as for a failed rank)
+            raise LaunchTimedOut(timeout)
+        return code
     finally:
         if timer:
             timer.cancel()
+            timer.join()  # a stop under way ends first: its kill of every launched process would take the next launch's
         if proc.poll() is None:  # the caller was interrupted: take the ranks down with it
             stop(proc)
             proc.wait()

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from tasks.core.config import PipelineParams
-from tasks.core.errors import ConfigError, from_line
+from tasks.core.errors import ConfigError, TrainingError, from_line
 from tasks.core.stage import Context, GlobalPass, Stage
 from tasks.train import work_folder
 from trainer.config import TrainParams, padded_vocab, plan
@@ -134,6 +134,9 @@ def build_model(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
     try:
         launch.run("trainer.run", work / "run.json", cfg.parallel.world_size, work / "launch.log",
                    timeout=p.train.launch.timeout_s, echo=sys.stderr.buffer, launch=p.train.launch)
+    except launch.LaunchTimedOut as e:
+        raise TrainingError(f"every rank was stopped after train.launch.timeout_s ({e.timeout:g} s); a rerun resumes "
+                            f"from the last checkpoint saved (stage 'train', log: {work / 'launch.log'})") from None
     except launch.LaunchFailed as e:  # the rank's own line, label and exit code
         raise from_line(e.line, f" (stage 'train', log: {work / 'launch.log'})") from None
     final = checkpoint.latest(work / "checkpoints")
