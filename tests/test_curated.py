@@ -178,7 +178,11 @@ def test_bad_lines_are_counted_and_skipped(tmp_path):
 # same test names (pytest-xdist refuses to run otherwise)
 @pytest.mark.parametrize("listing,message", [(gzip.compress(b"\n", mtime=0), "lists no files"),
                                              (gzip.compress(b"\xff\xfe w\x00a\x00r\x00c\x00", mtime=0),
-                                              "not a gzip list of paths")], ids=["empty", "utf16"])
+                                              "not a gzip list of paths"),
+                                             # the file refused is named, not the listing's first (a valid one)
+                                             (gzip.compress(b"a.warc.gz\nb.warc.gz\n\nc.warc.wet.gz\n", mtime=0),
+                                              "lists 'c.warc.wet.gz': a Common Crawl WET")],
+                         ids=["empty", "utf16", "wet-after-warcs"])
 def test_a_crawl_listing_that_lists_nothing_usable_is_named(tmp_path, listing, message):
     from tasks.sample.server import StaticServer
 
@@ -190,6 +194,41 @@ def test_a_crawl_listing_that_lists_nothing_usable_is_named(tmp_path, listing, m
                                                                 "crawl_id": "CC-MAIN-2024-10", "retries": 0}))
         with pytest.raises(InputFileError, match=f"crawl-data/CC-MAIN-2024-10/warc.paths.gz: {message}"):
             run_stage("download", p)
+
+
+def test_an_uncompressed_warc_in_a_crawl_listing_is_downloaded_and_extracted(tmp_path):
+    """Planning and extract take a .warc; download checked every file as gzip, so each attempt was deleted as
+    "truncated" and the file never came."""
+    from tasks.sample.server import StaticServer
+
+    crawl = tmp_path / "www/crawl-data/CC-MAIN-2024-10"
+    crawl.mkdir(parents=True)
+    http = (b"HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\n\r\n<html><body><p>"
+            + b"The quick brown fox jumps over the lazy dog near the river bank. " * 20 + b"</p></body></html>")
+    record = (b"WARC/1.0\r\nWARC-Type: response\r\nWARC-Target-URI: http://a.example/\r\nWARC-Record-ID: <urn:uuid:1>\r\n"
+              b"Content-Type: application/http; msgtype=response\r\nContent-Length: %d\r\n\r\n" % len(http))
+    (crawl / "a.warc").write_bytes(record + http + b"\r\n\r\n")
+    (crawl / "warc.paths.gz").write_bytes(gzip.compress(b"crawl-data/CC-MAIN-2024-10/a.warc\n", mtime=0))
+    with StaticServer(tmp_path / "www") as url:
+        p = parse_params(small_raw(tmp_path / "data", download={"source": "commoncrawl", "base_url": url, "n_files": 1,
+                                                                "crawl_id": "CC-MAIN-2024-10", "retries": 1}))
+        stats = run_stage("download", p)
+    assert stats.get("failed_shards", []) == []
+    assert (tmp_path / "data/download/shards/a.warc").read_bytes() == (crawl / "a.warc").read_bytes()
+    assert run_stage("extract", p)["docs_out"] == 1
+
+
+def test_a_double_star_in_a_curated_path_matches_files_at_any_depth(tmp_path):
+    """glob without recursive=True reads `**` as `*`: one folder level, the others left out with no word."""
+    from tasks.download.stage import users_curated
+
+    for rel in ("top.jsonl", "a/one.jsonl", "a/b/two.jsonl"):
+        (tmp_path / "corpus" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "corpus" / rel).write_text(json.dumps({"text": rel}) + "\n")
+    p = parse_params(small_raw(tmp_path / "data", download={
+        "curated": [{"path": str(tmp_path / "corpus/**/*.jsonl"), "dataset": "X"}]}))
+    found = sorted(Path(c.path).relative_to(tmp_path / "corpus").as_posix() for c in users_curated(p))
+    assert found == ["a/b/two.jsonl", "a/one.jsonl", "top.jsonl"]
 
 
 def test_padding_a_byte_order_mark_and_a_file_that_is_not_json_lines(tmp_path):

@@ -170,6 +170,28 @@ def tiny_mount():
         subprocess.run(["umount", str(folder)], check=True)
 
 
+def test_a_full_disk_downloading_from_a_crawl_is_one_line_naming_the_path(tmp_path, tiny_mount):
+    """Download from a crawl has no input stage: the check for a changed input after a failed pass asked for
+    the input's folder and raised, so every such failure read `error: ValueError: stage 'download' has no
+    input stage` (a full disk, a TLS error, a damaged curated file)."""
+    import gzip
+
+    from tasks.sample.server import StaticServer
+    crawl = tmp_path / "www/crawl-data/CC-MAIN-2024-10"
+    crawl.mkdir(parents=True)
+    (crawl / "a.warc.gz").write_bytes(b"".join(gzip.compress(os.urandom(50_000), mtime=0) for _ in range(4)))
+    (crawl / "warc.paths.gz").write_bytes(gzip.compress(b"crawl-data/CC-MAIN-2024-10/a.warc.gz\n", mtime=0))
+    target = tiny_mount(tmp_path / "data/download")
+    with StaticServer(tmp_path / "www") as url:
+        raw = small_raw(tmp_path / "data", download={"source": "commoncrawl", "base_url": url, "n_files": 1,
+                                                     "crawl_id": "CC-MAIN-2024-10", "retries": 0})
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+        out = cli(tmp_path, "download")
+    assert out.returncode == 1
+    line = one_line(out.stderr)
+    assert line.startswith("I/O error: No space left on device (ENOSPC)") and str(target) in line, line
+
+
 def test_a_full_disk_that_names_no_file_names_the_data_folder_and_its_space(tmp_path, tiny_mount):
     """numpy's np.save reports a short write as `N requested and M written` (no errno) and a plain
     file write as ENOSPC with no path: both name the run's data folder and the space left."""

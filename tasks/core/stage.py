@@ -134,8 +134,10 @@ def changed_input(ctx: "Context", files) -> Exception | None:
     from tasks.core.errors import UnfinishedInput
     from tasks.core.passes import PassLayout, file_sha256, written_records
 
+    if ctx.input_stage is None:  # download from a crawl: ctx.input_shards raised, hiding the pass's own error
+        return None
     folder = ctx.input_shards
-    if ctx.input_stage is None or not (folder.parent / "completions").is_dir():
+    if not (folder.parent / "completions").is_dir():
         return None
     records = written_records(PassLayout(folder.parent))
     for f in sorted({Path(f) for f in files}):

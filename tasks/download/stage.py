@@ -66,9 +66,9 @@ def plan(p: PipelineParams, ctx: Context) -> list[Shard]:
         raise InputFileError(f"{listing}: not a gzip list of paths ({type(e).__name__}: {e})") from None
     if not paths:
         raise InputFileError(f"{listing}: lists no files")
-    refused = next((not_warc(x.rsplit("/", 1)[-1]) for x in paths if not_warc(x.rsplit("/", 1)[-1])), None)
-    if refused:
-        raise InputFileError(f"{listing}: lists {paths[0].rsplit('/', 1)[-1]!r} and others: {refused}")
+    refused = next(((x, why) for x in paths if (why := not_warc(x.rsplit("/", 1)[-1]))), None)
+    if refused:  # named: the first path was another one, and a valid one
+        raise InputFileError(f"{listing}: lists {refused[0].rsplit('/', 1)[-1]!r}: {refused[1]}")
     shards, names = [], set()
     for rel in select(paths, p.download.n_files, p.download.selection, p.download.seed):
         safe_url(rt["base_url"], rel)  # reject unsafe listings before any transfer starts
@@ -89,7 +89,7 @@ def users_curated(p: PipelineParams) -> list[CuratedFile]:
     """The files of `download.curated` (a glob matching nothing stands for itself: refused as missing)."""
     sources = []
     for c in p.download.curated:
-        matches = sorted(glob.glob(c.path)) or [c.path]
+        matches = sorted(glob.glob(c.path, recursive=True)) or [c.path]  # `**`: any depth, as in a shell with globstar
         sources += [CuratedFile(m, c.dataset, fixed_root(c.path), c.text_field) for m in matches]
     return sources
 
@@ -98,7 +98,9 @@ def process(shard: Shard, tmp: Path, p: PipelineParams, ctx: Context) -> ShardSt
     if shard.name.startswith("curated-"):
         return ingest_curated(Path(shard.inputs[0]), tmp, shard.tag)
     try:
-        rep = fetch(safe_url(ctx.env["base_url"], shard.inputs[0]), tmp, policy(p))
+        # a listed .warc is stored uncompressed (extract reads both): checked as gzip, every attempt was "truncated"
+        rep = fetch(safe_url(ctx.env["base_url"], shard.inputs[0]), tmp, policy(p),
+                    verify_gzip=shard.inputs[0].endswith(".gz"))
     except DownloadError as e:  # gone or still broken after retries: skip it, list it, go on
         raise ShardFailed(str(e)) from None
     st = ShardStats(docs_in=1, docs_out=1, bytes_in=rep.bytes, bytes_out=rep.bytes)
