@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -240,6 +241,43 @@ def test_padding_a_byte_order_mark_and_a_file_that_is_not_json_lines(tmp_path):
     (tmp_path / "array.json.gz").write_bytes(gzip.compress(json.dumps(ROWS, indent=1).encode()))
     with pytest.raises(InputFileError, match="array.json.gz: no line is a JSON object .*not JSON lines"):
         ingest(tmp_path / "array.json.gz", tmp_path)
+
+
+def gzip_member_of_size(data: bytes, size: int) -> bytes:
+    """One gzip member of `data` exactly `size` bytes long: its header's comment takes up the difference."""
+    import struct
+    import zlib
+    c = zlib.compressobj(9, zlib.DEFLATED, -15)
+    deflated = c.compress(data) + c.flush()
+    comment = size - 10 - 1 - len(deflated) - 8
+    assert comment >= 0
+    return (b"\x1f\x8b\x08\x10\x00\x00\x00\x00\x00\xff" + b"c" * comment + b"\x00" + deflated
+            + struct.pack("<II", zlib.crc32(data), len(data)))
+
+
+@pytest.mark.parametrize("ends_before_a_read_ends", [100, 0])
+def test_zero_padding_that_runs_past_a_read_is_still_padding(tmp_path, ends_before_a_read_ends):
+    """Padding was checked only in the read where the last member ends: its rest, in the next 1 MiB read (or all
+    of it, when the member ended with a read), went to a new decompressor and failed as `incorrect header
+    check`, though gzip -t accepts the file."""
+    from tasks.download.curated import _CHUNK
+    path = tmp_path / "padded.jsonl.gz"
+    path.write_bytes(gzip_member_of_size(JSONL, _CHUNK - ends_before_a_read_ends) + b"\x00" * (10 << 10))
+    assert subprocess.run(["gzip", "-t", str(path)], capture_output=True).returncode == 0
+    st, docs = ingest(path, tmp_path)
+    assert [d["text"] for d in docs] == [r["text"] for r in ROWS] and not st.dropped
+
+
+def test_curated_files_named_in_other_scripts_are_told_apart(tmp_path):
+    """Every character outside [A-Za-z0-9._-] becomes `_` in a shard's name: 中文.jsonl and 日本.jsonl were both
+    shard curated-__, and the stage refused to start."""
+    names = ("中文.jsonl", "日本.jsonl", "русский.jsonl", "ελληνικά.jsonl", "plain name.jsonl")
+    for n in names:
+        (tmp_path / n).write_text(json.dumps({"text": n}) + "\n")
+    shards = curated_shards([(str(tmp_path / n), None, str(tmp_path)) for n in names])
+    assert len({s.name for s in shards}) == len(names)
+    assert shards[-1].name == "curated-plain_name"  # ASCII names keep the names they had
+    assert all(re.fullmatch(r"curated-_+-[0-9a-f]{8}", s.name) for s in shards[:-1]), [s.name for s in shards]
 
 
 def test_a_curated_corpus_copied_anew_is_not_converted_again(tmp_path, monkeypatch):

@@ -32,6 +32,12 @@ class FaultHandler(StaticHandler):
             self.send_error(500)
         elif fault == "503":
             self.send_error(503)
+        elif fault.startswith("retry_after "):  # a rate limit: 429/503 and how long to wait
+            code, value = fault.split(" ", 2)[1:]
+            self.send_response(int(code))
+            self.send_header("Retry-After", value)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
         elif fault == "404":
             self.send_error(404)
         elif fault == "slow":
@@ -104,6 +110,94 @@ def test_slow_response_times_out_and_retries(server, tmp_path):
     # the stall outlasts any limit, and the retry must answer within it on a loaded machine: 10 s, not 2
     rep = fetch(f"{server}/f.warc.gz", tmp_path / "out", replace(FAST, timeout_s=10.0))
     assert rep.attempts == 2 and (tmp_path / "out").read_bytes() == PAYLOAD
+
+
+def test_a_rate_limits_retry_after_is_waited_for(server, tmp_path, monkeypatch):
+    """A server that asks for more time than the backoff (S3's "slow down", a CDN's rate limit) got every retry
+    before its window ended: the file failed after ~15 s with the defaults."""
+    import email.utils
+
+    from tasks.core import stopping
+    waits: list[float] = []
+    monkeypatch.setattr(stopping, "sleep", waits.append)  # what fetch asks to wait, not how long it took
+    soon = email.utils.format_datetime(email.utils.localtime() + __import__("datetime").timedelta(seconds=40),
+                                       usegmt=True)
+    FaultHandler.faults = ["retry_after 503 20", "retry_after 429 100000", f"retry_after 503 {soon}",
+                           "retry_after 503 soon-ish", "500"]
+    rep = fetch(f"{server}/f.warc.gz", tmp_path / "out", replace(FAST, retries=5))
+    assert (tmp_path / "out").read_bytes() == PAYLOAD and rep.attempts == 6
+    assert waits[:2] == [20.0, 600.0]  # capped: a day-long ask would hold the shard for good
+    assert 20 < waits[2] <= 40  # an HTTP date: the time left until it
+    assert waits[3:] == [FAST.delay(3), FAST.delay(4)]  # unreadable, or none asked: the backoff
+    assert rep.errors[:2] == ["HTTP 503 (Retry-After 20 s)", "HTTP 429 (Retry-After 600 s)"]
+
+
+def self_signed(folder) -> tuple[str, str]:
+    """A certificate for 127.0.0.1 and its key, in PEM files."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(1).not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .sign(key, hashes.SHA256()))
+    (folder / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (folder / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                       serialization.NoEncryption()))
+    return str(folder / "cert.pem"), str(folder / "key.pem")
+
+
+def test_a_tls_record_broken_mid_body_is_retried_from_where_it_stopped(tmp_path, monkeypatch):
+    """ssl.SSLError ("bad record mac", as a flaky network gives on a long transfer) is an OSError but no
+    ConnectionError: it was not retried, and it ended the whole download stage."""
+    import os
+    import socket
+    import ssl
+    cert, key = self_signed(tmp_path)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    listener = socket.create_server(("127.0.0.1", 0))
+    ranges: list = []
+
+    def serve() -> None:
+        for n in range(2):
+            raw, _ = listener.accept()
+            with ctx.wrap_socket(raw, server_side=True) as s:
+                request = b""
+                while b"\r\n\r\n" not in request:
+                    request += s.recv(4096)
+                asked = [x for x in request.decode().split("\r\n") if x.lower().startswith("range: bytes=")]
+                ranges.append(asked[0][13:] if asked else None)
+                start = int(asked[0][13:-1]) if asked else 0
+                head = f"HTTP/1.1 {'206 Partial Content' if asked else '200 OK'}\r\nContent-Length: {len(PAYLOAD) - start}\r\n"
+                if asked:
+                    head += f"Content-Range: bytes {start}-{len(PAYLOAD) - 1}/{len(PAYLOAD)}\r\n"
+                s.sendall(head.encode() + b"Connection: close\r\n\r\n")
+                if n == 0:  # half the body, then an application-data record whose MAC cannot be right
+                    s.sendall(PAYLOAD[:len(PAYLOAD) // 2])
+                    with socket.socket(fileno=os.dup(s.fileno())) as under:
+                        under.sendall(b"\x17\x03\x03\x00\x40" + b"\xaa" * 0x40)
+                    continue
+                s.sendall(PAYLOAD[start:])
+
+    threading.Thread(target=serve, daemon=True).start()
+    client = ssl.create_default_context(cafile=cert)
+    monkeypatch.setattr(ssl, "_create_default_https_context", lambda *a, **k: client)  # trust the test's certificate
+    try:
+        rep = fetch(f"https://127.0.0.1:{listener.getsockname()[1]}/f.warc.gz", tmp_path / "out", FAST)
+    finally:
+        listener.close()
+    assert (tmp_path / "out").read_bytes() == PAYLOAD
+    assert rep.attempts == 2 and rep.range_resumes == 1 and ranges[0] is None and int(ranges[1][:-1]) > 0
+    assert "SSLError" in rep.errors[0] or "SSL" in rep.errors[0], rep.errors
 
 
 def in_socket_read(thread: threading.Thread) -> bool:

@@ -13,6 +13,7 @@ entries whose files would share a name are named under the entries' common folde
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -113,7 +114,10 @@ def _by_name(sources: list[CuratedFile], roots: dict[str, str]) -> dict[str, lis
     named: dict[str, list[tuple[str, str]]] = {}
     for path, _, root, _ in sources:
         source, fmt = os.path.relpath(path, roots[root]), format_of(path)
-        stem = safe_filename(source[:len(source) - len(fmt)].replace(os.sep, "_"))
+        name = source[:len(source) - len(fmt)].replace(os.sep, "_")
+        stem = safe_filename(name)
+        if not name.isascii():  # each character became `_`: 中文 and 日本 were both `__`, refused as one shard
+            stem += "-" + hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:8]
         named.setdefault(stem, []).append((path, root))
     return named
 
@@ -126,9 +130,12 @@ def _decompressed(path: Path, fh, fmt: str) -> Iterator[bytes]:
     gz = fmt.endswith(".gz")
     kind = "gzip" if gz else "zstd"
     new = (lambda: zlib.decompressobj(31)) if gz else (lambda: zstandard.ZstdDecompressor().decompressobj())
-    d, inside, read = new(), False, 0
+    d, inside, read, padded = new(), False, 0, False
     while block := fh.read(_CHUNK):
         read += len(block)
+        if padded and not block.strip(b"\x00"):
+            continue  # the padding goes on past a read (10 KiB of a tape block, say, across the 1 MiB reads)
+        padded = False
         while block:
             try:
                 out = d.decompress(block)
@@ -141,7 +148,9 @@ def _decompressed(path: Path, fh, fmt: str) -> Iterator[bytes]:
                 break
             block, d, inside = d.unused_data, new(), False  # the next member / frame, if any
             if gz and not block.strip(b"\x00"):
-                block = b""  # zero padding after the last member (tape blocks, some writers): gzip ignores it
+                # zero padding after the last member (tape blocks, some writers): gzip ignores it; so is a next
+                # read of zeros only (a member may also end exactly where a read does)
+                block, padded = b"", True
     if inside:
         raise InputFileError(f"{path}: truncated {kind} stream: the file ends inside a {'member' if gz else 'frame'} "
                              f"after {read} bytes")

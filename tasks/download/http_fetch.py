@@ -5,10 +5,13 @@ matches Content-Length and (for .gz) the gzip stream decodes to a clean end.
 """
 from __future__ import annotations
 
+import datetime
+import email.utils
 import http.client
 import os
 import re
 import socket
+import ssl
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -100,8 +103,27 @@ def gzip_complete(path: Path) -> bool:
     return members > 0 and not pending
 
 
-_RETRYABLE = (urllib.error.URLError, ConnectionError, socket.timeout, TimeoutError,
+# ssl.SSLError: a TLS record broken mid-body ("bad record mac", an EOF without close_notify), as flaky
+# networks give on long transfers; it is an OSError but no ConnectionError, and it ended the stage
+_RETRYABLE = (urllib.error.URLError, ConnectionError, socket.timeout, TimeoutError, ssl.SSLError,
               http.client.IncompleteRead, http.client.RemoteDisconnected, http.client.BadStatusLine)
+RETRY_AFTER_MAX_S = 600.0  # a server's Retry-After is honoured up to this
+
+
+def retry_after(headers) -> float | None:
+    """Seconds a 429/503 response's Retry-After asks to wait (delay-seconds or an HTTP date); None if none."""
+    value = (headers.get("Retry-After") or "").strip() if headers is not None else ""
+    if not value:
+        return None
+    if value.isdigit():
+        return min(float(value), RETRY_AFTER_MAX_S)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None  # unreadable: the backoff alone
+    if when.tzinfo is None:  # an HTTP date is GMT
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return min(max(0.0, (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds()), RETRY_AFTER_MAX_S)
 
 
 def _stream(url: str, dest: Path, policy: RetryPolicy, rep: FetchReport) -> None:
@@ -146,6 +168,7 @@ def fetch(url: str, dest: Path, policy: RetryPolicy, verify_gzip: bool = True) -
     rep = FetchReport()
     for attempt in range(policy.retries + 1):
         rep.attempts += 1
+        asked = None  # the wait a rate-limiting server asked for
         try:
             _stream(url, dest, policy, rep)
             if verify_gzip and not gzip_complete(dest):
@@ -162,7 +185,8 @@ def fetch(url: str, dest: Path, policy: RetryPolicy, verify_gzip: bool = True) -
                 dest.unlink(missing_ok=True)
             elif not (e.code >= 500 or e.code in (408, 429)):
                 raise DownloadError(f"{url}: HTTP {e.code} {e.reason} (not retried)") from None
-            rep.errors.append(f"HTTP {e.code}")
+            asked = retry_after(e.headers) if e.code in (429, 503) else None
+            rep.errors.append(f"HTTP {e.code}" + (f" (Retry-After {asked:.0f} s)" if asked is not None else ""))
         except DownloadError as e:
             if "truncated" not in str(e) and "range" not in str(e):
                 raise
@@ -173,7 +197,9 @@ def fetch(url: str, dest: Path, policy: RetryPolicy, verify_gzip: bool = True) -
             stopping.check()  # a read cut short by a stop (its connection shut down) is not retried
             rep.errors.append(f"{e.__class__.__name__}: {e}")
         if attempt < policy.retries:
-            stopping.sleep(policy.delay(attempt))
+            # a server that asks for longer than the backoff (S3's "slow down", a CDN's rate limit) refused every
+            # retry spent before its window ended: ~15 s of them by default
+            stopping.sleep(max(policy.delay(attempt), asked or 0.0))
     raise DownloadError(f"{url}: failed after {rep.attempts} attempts: {'; '.join(rep.errors[-3:])}")
 
 
