@@ -273,3 +273,18 @@ def test_real_tasks_on_the_sample_remove_every_planted_passage(extracted, tmp_pa
         validate_stage("decontaminate", p)
     assert failed.value.failures == [f"expect_column_values_to_be_between on column 'documents_unlike_stats': "
                                      f"{documents} in the whole output"]
+
+
+def test_wic_sentences_copied_as_running_text_are_found():
+    """WiC's files are Penn Treebank tokens ("a boy 's", "do n't"): the index held the words "boy s" and "do nt",
+    and the same sentence in a web page ("a boy's", "don't") was not found (51 of WiC dev's 542 indexed sentences)."""
+    from tasks.decontaminate.matching import batch_hits
+    from tasks.evalsets.loaders import load_tasks
+    from tests.conftest import BENCHMARKS
+    index = ni.NgramIndex.build(load_tasks(["wic"], str(BENCHMARKS)), 13, 8)
+    around = "Farmers in the valley planted barley and oats after the rains and sold bread on Saturday. "
+    for copy in ("A girl's education was less important than a boy's.",
+                 "In his sermon, the minister didn't try to whitewash over the sins of his church."):
+        hits = batch_hits(index, [around + copy + " " + around])[0]
+        assert len(hits), copy
+    assert not len(batch_hits(index, [around * 3])[0])
