@@ -181,12 +181,28 @@ def test_word_hash_matches_reference_across_blocks_and_giant_tokens():
 def test_tokens_and_spans_agree_on_nasty_text():
     rng = random.Random(0)
     alphabet = "ab,._-—«» \t\n\x0b\x1c\x1f\u00a0éÉ1İﬁΣ"
-    for s in ["Hello, world!", "a_b __ _ x", "ΟΔΟΣ. Σ", "—", "", "a\x1cb\tc  d"] + \
-             ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40))) for _ in range(2000)]:
+    # not in NFKC form: a decomposed accent, symbols that become letters (™, ㍱) or a space and a mark (¨),
+    # full-width letters, a Kelvin sign (lowercased, ASCII)
+    compat = alphabet + "e\u0301\u0301™㍱¨Ａ½\u212a"
+    for s in ["Hello, world!", "a_b __ _ x", "ΟΔΟΣ. Σ", "—", "", "a\x1cb\tc  d", "x¨y ™ ㍱", "\u212a b"] + \
+             ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40))) for _ in range(2000)] + \
+             ["".join(rng.choice(compat) for _ in range(rng.randint(0, 40))) for _ in range(2000)]:
         spans = ni.token_spans(s)
         assert [ni.normalize(s[a:b]) for a, b in spans] == ni.words_of(s)
         # ASCII text keeps its whitespace for word_hashes to split on: same words, same hashes
         assert ni.word_hashes(ni.normalize(s)).tolist() == ni.word_hashes(" ".join(ni.words_of(s))).tolist()
+
+
+def test_text_in_other_unicode_forms_gives_the_same_words():
+    """Normalisation lowercased and dropped punctuation only: a decomposed accent (e + U+0301, as macOS and some
+    editors write) was dropped as punctuation ("cafe", not "café"), a ligature (ﬁ, as PDF-extracted books
+    hold) made another word: such copies of a text were neither duplicates nor contamination."""
+    import unicodedata
+    text = "The ﬁrst café in Zürich served ﬂat bread to ＦＵＬＬ-width guests."
+    plain = "The first café in Zürich served flat bread to FULL-width guests."
+    assert ni.words_of(text) == ni.words_of(plain) == ni.words_of(unicodedata.normalize("NFD", plain))
+    assert ni.words_of(plain)[2] == "café"
+    assert ni.words_of("x¨y ™") == ["xy", "tm"]  # NFKC's space inside a token does not make two words
 
 
 def test_index_built_in_one_pass_equals_the_index_built_text_by_text():
