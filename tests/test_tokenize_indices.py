@@ -161,3 +161,24 @@ def test_broken_index_files_are_refused(tmp_path):
     (tmp_path / "ok.bin").write_bytes((tmp_path / "ok.bin").read_bytes()[:-2])
     with pytest.raises(indexed.IndexFileError, match="holds 18 bytes but the .idx counts 20"):
         indexed.IndexedDataset(tmp_path / "ok")
+
+
+def test_building_a_datasets_indices_holds_no_more_than_the_memory_check_counts():
+    """The sample index took an int64 copy of the int32 document index and sizes[doc_index] whole: the build held
+    twice what check_index_size allows for (a budget between the two was OOM-killed instead of refused)."""
+    import tracemalloc
+
+    from tasks.tokenize.blend import index_bytes
+    sizes = np.random.default_rng(0).integers(50, 400, size=300_000).astype(np.int32)  # short documents
+    seq, tokens = 2048, int(sizes.sum())
+    num_samples = 3 * tokens // seq
+    _, estimate, _ = index_bytes(["d"], [1.0], {"d": {"tokens": tokens, "documents": len(sizes)}}, num_samples, seq)
+    indices.dataset_indices(sizes[:1000], 10, seq, 1)  # numba's compilation, outside the count
+    tracemalloc.start()
+    try:
+        indices.blending_indices(np.array([1.0]), num_samples)
+        *_, epochs = indices.dataset_indices(sizes, indices.dataset_samples(1.0, num_samples), seq, 1234)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert epochs == 4 and peak <= 1.05 * estimate, (peak, estimate)

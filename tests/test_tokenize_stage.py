@@ -209,6 +209,18 @@ def test_bad_inputs_name_the_cause(tmp_path):
         parse_params({"tokenize": {"blend": [{"dataset": "web", "weight": -1}]}})
 
 
+def test_a_dataset_of_empty_documents_is_left_out_or_named(tmp_path):
+    """A dataset whose documents are all empty holds their end-of-document tokens only: one token cannot fill a
+    sample, and the stage failed with `error: ValueError: a dataset with fewer than 2 tokens ...`, exit 1."""
+    from tasks.core.config import ConfigError
+    shards = corpus()
+    shards[0].append(doc(0, "tiny", ""))
+    stats, _ = run(tmp_path, shards=shards, blend=[])
+    assert "tiny" not in stats["blend"] and "tiny" in stats["left_out"]
+    with pytest.raises(ConfigError, match=r"tokenize.blend: dataset\(s\) too small to fill a sample: tiny \(1 token"):
+        run(tmp_path, shards=shards, blend=[{"dataset": "web", "weight": 1}, {"dataset": "tiny", "weight": 1}])
+
+
 def test_the_index_size_estimate_bounds_the_files_written(tmp_path):
     from tasks.tokenize.blend import index_bytes
     _, p = run(tmp_path)
@@ -227,6 +239,17 @@ def test_a_users_tokenizer_file_is_used_as_is(tmp_path):
     tok.save(str(tmp_path / "user.json"))
     stats, _ = run(tmp_path, tokenizer_file=str(tmp_path / "user.json"))
     assert stats["source"] == "file" and stats["vocab_size"] == tok.get_vocab_size()
+    # saved after a call with truncation and padding (as Hugging Face files often are): documents were cut to
+    # max_length and short ones padded, pad tokens written as data, and the suite passed
+    tok.enable_truncation(max_length=8)
+    tok.enable_padding(pad_id=0, pad_token="!")
+    tok.save(str(tmp_path / "user.json"))
+    _, p = run(tmp_path, tokenizer_file=str(tmp_path / "user.json"))
+    datasets = tmp_path / "data/tokenize/datasets"
+    web = indexed.IndexedDataset(datasets / read_manifest(datasets)["datasets"]["web"]["prefix"])
+    texts = [d["text"] for d in corpus()[0] + corpus()[1] if d["dataset"] == "web"]
+    plain = tokenizer.train(iter([["some text to learn a few merges from"] * 5]), vocab_size=280)
+    assert [len(web[i]) for i in range(3)] == [len(plain.encode(t, add_special_tokens=False).ids) + 1 for t in texts[:3]]
     with pytest.raises(tokenizer.TokenizerFileError, match="cannot load tokenizer from .*nothere.json"):
         run(tmp_path, tokenizer_file=str(tmp_path / "nothere.json"))
 

@@ -66,6 +66,33 @@ def test_bad_tokenizer_files_name_the_cause(tmp_path):
         tokenizer.train(batches(CORPUS), vocab_size=100)
 
 
+def test_vocab_json_without_its_merges_file_says_so(tmp_path):
+    """GPT-2's vocab.json given as tokenizer_file, merges_file forgotten: the parser's `expected , or }` read as a
+    broken JSON file."""
+    (tmp_path / "vocab.json").write_text(json.dumps({"a": 0, "b": 1, "ab": 2, tokenizer.EOD: 3}))
+    with pytest.raises(tokenizer.TokenizerFileError, match=r"vocab.json: .*it looks like GPT-2's vocab.json, which "
+                                                           r"needs tokenize.merges_file"):
+        tokenizer.load(tmp_path / "vocab.json")
+
+
+def test_ids_past_the_token_count_size_the_vocabulary_and_the_dtype(tmp_path):
+    """Special tokens placed at the top of a padded vocabulary leave gaps: get_vocab_size() counts tokens, so a
+    uint16 dataset was chosen and id 70000 was stored as 4464, and the model's vocabulary came out too small."""
+    from tasks.tokenize import indexed
+    d = json.loads(tokenizer.train(batches(CORPUS), vocab_size=300).to_str())
+    for added in d["added_tokens"]:
+        if added["content"] == tokenizer.EOD:
+            added["id"] = 70000
+    d["model"]["vocab"][tokenizer.EOD] = 70000
+    (tmp_path / "gapped.json").write_text(json.dumps(d))
+    tok = tokenizer.load(tmp_path / "gapped.json")
+    assert tokenizer.eod_id(tok) == 70000 and tok.get_vocab_size() <= 300 and tokenizer.id_bound(tok) == 70001
+    tokens, lengths = tokenizer.encode_documents(tok, ["hello world"])
+    with indexed.IndexedWriter(tmp_path / "ds", indexed.token_dtype(tokenizer.id_bound(tok))) as w:
+        w.add_flat(tokens, lengths)
+    assert indexed.IndexedDataset(tmp_path / "ds")[0].tolist() == tokens.tolist()
+
+
 def test_empty_corpus_trains_the_byte_alphabet():
     tok = tokenizer.train(iter([]), vocab_size=1000)
     assert tok.get_vocab_size() == 257

@@ -92,7 +92,7 @@ def data_shape(params) -> tuple[int, int, str]:
             return t.vocab_size, t.seq_length, "params.yaml: no finished blend"
         from tasks.tokenize import tokenizer
         tok = tokenizer.load(Path(t.tokenizer_file), Path(t.merges_file) if t.merges_file else None)
-        return tok.get_vocab_size(), t.seq_length, f"params.yaml: no finished blend; {t.tokenizer_file}"
+        return tokenizer.id_bound(tok), t.seq_length, f"params.yaml: no finished blend; {t.tokenizer_file}"
 
 
 def main(argv: list[str]) -> int:

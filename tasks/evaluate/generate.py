@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from tasks.evaluate.model_io import LoadedModel
+from tasks.tokenize.tokenizer import id_bound
 
 
 def _filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -30,7 +31,7 @@ def generate(lm: LoadedModel, prompt: str, max_new_tokens: int, temperature: flo
     ids = lm.tokenizer.encode(prompt, add_special_tokens=False).ids or [lm.eod]
     gen = torch.Generator().manual_seed(seed)
     new: list[int] = []
-    vocab = lm.tokenizer.get_vocab_size()  # padding rows of the embedding are never generated
+    vocab = id_bound(lm.tokenizer)  # padding rows of the embedding are never generated
     for _ in range(max_new_tokens):
         context = torch.tensor([(ids + new)[-window:]], device=device)
         logits = model(context)[0, -1, :vocab].float().cpu()

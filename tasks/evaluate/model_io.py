@@ -76,7 +76,7 @@ def _hf_tokenizer(folder: Path) -> Tokenizer:
 def _check_tokenizer(tok: Tokenizer, p: ModelParams, where: Path, exact_padding: int | None) -> int:
     """The tokenizer fits the model: its vocabulary is what the model was built for (a checkpoint: the
     tokenizer's size padded as the trainer pads it; a Hugging Face model: no token past the embedding)."""
-    n = tok.get_vocab_size()
+    n = tokenizers.id_bound(tok)  # the largest id + 1, as tokenize reports the vocabulary
     if exact_padding is not None and padded_vocab(n, exact_padding) != p.vocab_size:
         raise ConfigError(f"tokenizer does not match the model {where}: {n} tokens pad to "
                           f"{padded_vocab(n, exact_padding)}, the model's vocabulary is {p.vocab_size}")

@@ -37,23 +37,28 @@ def resolve_weights(p: PipelineParams, datasets: dict) -> tuple[list[str], np.nd
     """(names, normalised weights, notes). Named datasets must exist and hold tokens; no blend given:
     every dataset by its share of the tokens."""
     t = p.tokenize
-    if not datasets or not sum(d["tokens"] for d in datasets.values()):
+    if not datasets or not any(d["tokens"] >= 2 for d in datasets.values()):
         raise InputFileError("tokenize: the input holds no documents: nothing to blend")
     entries = list(MTNLG_BLEND) if t.profile == "mt-nlg" else [(b.dataset, b.weight) for b in t.blend]
     if entries:
+        where = f"tokenize.blend{' (profile mt-nlg)' if t.profile == 'mt-nlg' else ''}"
         missing = [name for name, _ in entries if name not in datasets or not datasets[name]["tokens"]]
         if missing:
-            raise ConfigError(f"tokenize.blend{' (profile mt-nlg)' if t.profile == 'mt-nlg' else ''} names "
-                              f"dataset(s) the input does not have: {', '.join(missing)}; "
+            raise ConfigError(f"{where} names dataset(s) the input does not have: {', '.join(missing)}; "
                               f"datasets: {', '.join(sorted(datasets))}")
+        # a sample is read from 2 tokens on: fewer failed as an unlabelled ValueError naming no dataset
+        tiny = [f"{name} ({datasets[name]['tokens']} token: only empty documents)" for name, w in entries
+                if w > 0 and datasets[name]["tokens"] < 2]
+        if tiny:
+            raise ConfigError(f"{where}: dataset(s) too small to fill a sample: {', '.join(tiny)}; give them weight 0")
         chosen = [(name, float(w)) for name, w in entries if w > 0]
         if not chosen:
             raise ConfigError("tokenize.blend: every weight is 0")
         named = {name for name, _ in entries}
         left_out = sorted(set(datasets) - named) + [name for name, w in entries if w == 0]
     else:
-        chosen = [(name, float(d["tokens"])) for name, d in sorted(datasets.items()) if d["tokens"]]
-        left_out = [name for name, d in sorted(datasets.items()) if not d["tokens"]]
+        chosen = [(name, float(d["tokens"])) for name, d in sorted(datasets.items()) if d["tokens"] >= 2]
+        left_out = [name for name, d in sorted(datasets.items()) if d["tokens"] < 2]  # too few for a sample
     names = [n for n, _ in chosen]
     raw = np.array([w for _, w in chosen], dtype=np.float64)
     weights = indices.normalise_weights(raw)
@@ -112,8 +117,8 @@ def index_bytes(names, weights, datasets: dict, num_samples: int, seq_length: in
         rows = epochs * info["tokens"] // seq_length + 2
         size = 4 * info["documents"] * epochs + 16 * rows + 8 * rows
         total += size
-        # a short final epoch is concatenated to the others (two copies at once)
-        peak = max(peak, size + 4 * info["documents"] * epochs)
+        # a short final epoch is concatenated to the others (two copies at once); the sizes as int64
+        peak = max(peak, size + 4 * info["documents"] * epochs + 8 * info["documents"])
         if epochs > most:
             worst, most = f"'{name}', {epochs:,} epochs of {info['tokens']:,} tokens", epochs
     return total, blend + peak, worst

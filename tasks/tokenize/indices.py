@@ -102,14 +102,19 @@ def _samples(sizes, doc_index, seq_length, num_samples, out):
         out[s, 1] = offset
 
 
+_PIECE = 1 << 18  # 2 MiB of sizes at a time
+
+
 def sample_index(sizes: np.ndarray, doc_index: np.ndarray, seq_length: int) -> np.ndarray:
     """[num_samples + 1, 2] int64: sample k spans from (doc_index position, offset) row k to row k+1,
     seq_length + 1 tokens in all. num_samples = (tokens in doc_index - 1) // seq_length."""
     if seq_length < 1:
         raise ValueError(f"seq_length must be >= 1, got {seq_length}")
     sizes = np.ascontiguousarray(sizes, dtype=np.int64)
-    doc_index = np.ascontiguousarray(doc_index, dtype=np.int64)
-    tokens = int(sizes[doc_index].sum()) if doc_index.size else 0
+    # the document index as it is (int32) and its tokens summed in pieces: an int64 copy and sizes[doc_index]
+    # whole held 16 more bytes per document-epoch, twice what check_index_size counts (OOM-killed, not refused)
+    doc_index = np.ascontiguousarray(doc_index)
+    tokens = sum(int(sizes[doc_index[lo:lo + _PIECE]].sum()) for lo in range(0, doc_index.size, _PIECE))
     num_samples = max(0, (tokens - 1) // seq_length)
     out = np.zeros((num_samples + 1, 2), dtype=np.int64)
     if num_samples:

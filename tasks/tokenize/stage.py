@@ -47,7 +47,7 @@ def build_tokenizer(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
         tok = tokenizer.train(_text_batches(shards, t.batch_docs, t.train_max_docs), t.vocab_size, t.min_frequency)
         source = "trained"
     tok.save(str(tmp / "tokenizer.json"))
-    report = {"source": source, "vocab_size": tok.get_vocab_size(), "eod_id": tokenizer.eod_id(tok)}
+    report = {"source": source, "vocab_size": tokenizer.id_bound(tok), "eod_id": tokenizer.eod_id(tok)}
     (tmp / "tokenizer_report.json").write_text(json.dumps(report, indent=1, sort_keys=True), encoding="utf-8")
     return report
 

@@ -50,11 +50,34 @@ def load(path: Path, merges: Path | None = None) -> Tokenizer:
         else:
             tok = _byte_level(Tokenizer(models.BPE.from_file(str(path), str(merges))))
     except Exception as exc:  # tokenizers raises its own Exception type with the parser's message
+        hint = "; it looks like GPT-2's vocab.json, which needs tokenize.merges_file (merges.txt) beside it" \
+            if merges is None and _flat_vocab(path) else ""
         raise TokenizerFileError(f"cannot load tokenizer from {path}{f' + {merges}' if merges else ''}: "
-                                 f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+                                 f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}{hint}") from None
     if tok.token_to_id(EOD) is None:
         raise TokenizerFileError(f"tokenizer {path} has no end-of-document token {EOD!r}")
+    # a tokenizer.json saved after a call with truncation=True or padding keeps it: every document was cut to
+    # max_length, short ones padded with pad tokens written as data, and the validation passed
+    tok.no_truncation()
+    tok.no_padding()
     return tok
+
+
+def _flat_vocab(path: Path) -> bool:
+    """Whether the file is one JSON object of token -> id (GPT-2's vocab.json), not a tokenizer.json."""
+    import json
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and bool(data) and all(isinstance(v, int) for v in data.values())
+
+
+def id_bound(tok: Tokenizer) -> int:
+    """One more than the largest token id: what an embedding table and the token dtype must hold. Not
+    get_vocab_size(), which counts tokens: a file whose ids have gaps (special tokens placed at the top of a
+    padded vocabulary) has ids past it, which a uint16 dataset wrapped (70000 stored as 4464)."""
+    return max(tok.get_vocab(with_added_tokens=True).values()) + 1
 
 
 def eod_id(tok: Tokenizer) -> int:
