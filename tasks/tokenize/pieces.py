@@ -90,7 +90,9 @@ def merge_datasets(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
     writers: dict[str, indexed.IndexedWriter] = {}
     tokens: dict[str, int] = {}
     for piece in sorted((ctx.pass_dir("tokens") / "shards").glob("*.parquet")):
-        for batch in pq.ParquetFile(piece).iter_batches(columns=["dataset", "tokens"]):
+        # batch_docs rows at a time, as the pieces were written: pyarrow's default of 65,536 rows of long documents
+        # (a shard of books) held billions of tokens at once, past list<int32>'s 2**31 offsets
+        for batch in pq.ParquetFile(piece).iter_batches(batch_size=p.tokenize.batch_docs, columns=["dataset", "tokens"]):
             names, lists = batch.column("dataset"), batch.column("tokens")
             present = pc.unique(names).to_pylist()
             for name in present:
