@@ -76,10 +76,14 @@ def test_match_is_cut_with_margins_and_document_split(tmp_path, bench):
 
 def test_short_pieces_and_too_many_pieces_are_dropped(tmp_path, bench):
     tiny = "Short intro. " + PASSAGE + " short outro."
-    many = (FILLER * 3 + PASSAGE + ". ") * 12 + FILLER * 3  # 13 pieces > 10
-    stats, out = run(tmp_path, bench, [doc(0, tiny), doc(1, many)], max_doc_frequency=100)
+    many = (FILLER * 6 + PASSAGE + ". ") * 12 + FILLER * 6  # 13 long pieces > 10
+    # 13 pieces, 11 of them under 200 characters: 2 kept pieces, as Megatron's filter_ngrams counts (it was
+    # dropped whole for 13 > 10)
+    close = (FILLER * 3 + PASSAGE + ". ") * 12 + FILLER * 3
+    stats, out = run(tmp_path, bench, [doc(0, tiny), doc(1, many), doc(2, close)], max_doc_frequency=100)
     assert "d0" not in out and "d1" not in out
     assert stats["dropped"] == {"no_piece_long_enough": 1, "too_many_pieces": 1}
+    assert len(out["d2"]) == 2 and all(len(x) >= 200 and "lighthouse" not in x for x in out["d2"])
 
 
 def test_frequent_ngrams_are_ignored(tmp_path, bench):

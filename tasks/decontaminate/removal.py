@@ -93,7 +93,10 @@ def _remove(doc: dict, hits: list, index: NgramIndex, d, st: ShardStats, tally: 
     mask = int(np.bitwise_or.reduce(index.masks[[e for _, _, e in hits]]))
     tasks = [t for k, t in enumerate(index.task_names) if mask & (1 << k)]
     pieces = split_document(doc["text"], cut_ranges(doc["text"], hits, d.margin_chars))
-    kept = [x for x in pieces if len(x) >= d.min_piece_chars] if len(pieces) <= d.max_pieces else []
+    long_enough = [x for x in pieces if len(x) >= d.min_piece_chars]
+    # the pieces counted are those kept, as Megatron's filter_ngrams counts them (what MT-NLG ran): a document
+    # with many matches close together leaves a few long pieces and many short ones, and was dropped whole
+    kept = long_enough if len(long_enough) <= d.max_pieces else []
     removed = len(doc["text"]) - sum(len(x) for x in kept)
     outcome = "docs_split" if kept else "docs_dropped"
     tally["docs_matched"] += 1
@@ -101,7 +104,7 @@ def _remove(doc: dict, hits: list, index: NgramIndex, d, st: ShardStats, tally: 
     if kept:
         tally["docs_split"] += 1
     else:
-        st.drop("too_many_pieces" if len(pieces) > d.max_pieces else "no_piece_long_enough")
+        st.drop("too_many_pieces" if len(long_enough) > d.max_pieces else "no_piece_long_enough")
     for t in tasks:
         tally[f"{t}.docs_matched"] += 1
         tally[f"{t}.{outcome}"] += 1
