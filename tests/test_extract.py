@@ -339,6 +339,12 @@ def test_to_utf8_passes_valid_utf8_through_and_repairs_the_rest():
     assert to_utf8("plain ascii".encode(), "iso-8859-1") == (b"plain ascii", False)
     assert to_utf8("€ in cp1252".encode("cp1252"), "windows-1252") == ("€ in cp1252".encode(), False)
     assert to_utf8(body, "x-klingon") == (body, True)  # unknown label, but valid UTF-8
+    # labelled iso-8859-1 or us-ascii, written in windows-1252 (as browsers read both labels): curly quotes
+    # and dashes, not the C1 controls Latin-1 gives them (which the filter took for binary)
+    page = "The river\u2019s bank \u2014 \u201cquiet\u201d, they said\u2026 caf\u00e9"
+    for label in ("iso-8859-1", "latin1", "ISO_8859-1", "us-ascii"):
+        assert to_utf8(page.encode("cp1252"), label) == (page.encode(), False), label
+    assert to_utf8(b"\x81 \x92", "iso-8859-1") == ("\x81 \u2019".encode(), False)  # unassigned: as browsers
     fixed, repaired = to_utf8(("café " * 50).encode("cp1252"), "utf-8")  # mislabelled
     assert repaired and fixed.decode("utf-8").startswith("caf")
 

@@ -15,6 +15,14 @@ import codecs
 UTF8 = "utf-8"
 
 
+# The WHATWG Encoding Standard, which every browser follows, reads the labels iso-8859-1 (latin1, ...) and
+# us-ascii as windows-1252: pages so labelled are written in it. Read as Latin-1, their curly quotes, apostrophes
+# and dashes became C1 control characters (U+0092 for ’), which the filter counts as binary: dialogue-heavy pages
+# were dropped, the others kept with the controls in their text.
+_AS_BROWSERS_READ = {"iso8859-1": "cp1252", "ascii": "cp1252"}
+_CP1252_UNASSIGNED = {0xDC00 + b: b for b in (0x81, 0x8D, 0x8F, 0x90, 0x9D)}
+
+
 def to_utf8(body: bytes, declared: str | None) -> tuple[bytes, bool]:
     """(UTF-8 bytes, repaired): decode with the declared charset; if it is missing, unknown or
     wrong, try UTF-8, then detect. Valid UTF-8 is passed through without a copy. A body that is valid
@@ -27,6 +35,7 @@ def to_utf8(body: bytes, declared: str | None) -> tuple[bytes, bool]:
             codec = codecs.lookup(declared).name
         except LookupError:
             pass
+        codec = _AS_BROWSERS_READ.get(codec, codec)
     if codec is not None and codec != UTF8:
         if not codec.startswith(("utf-16", "utf-32")) and not body.isascii():
             try:
@@ -34,6 +43,8 @@ def to_utf8(body: bytes, declared: str | None) -> tuple[bytes, bool]:
                 return body, True  # mislabelled UTF-8
             except UnicodeDecodeError:
                 pass
+        if codec == "cp1252":  # as browsers: its 5 unassigned bytes are the C1 controls of the same value
+            return body.decode(codec, "surrogateescape").translate(_CP1252_UNASSIGNED).encode(UTF8), False
         try:
             return body.decode(codec).encode(UTF8), False
         except UnicodeDecodeError:
