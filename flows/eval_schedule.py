@@ -46,7 +46,8 @@ def history_markdown(entries: list[dict], new: int, settings: dict | None = None
               + " |", "|---" * (len(keys) + 2 + several) + "|"]
     for e in sorted(entries, key=lambda e: (e["step"], runs.index(e.get("run", "")))):
         run = f" {e.get('run', '')[:8] or '?'} |" if several else ""
-        lines.append(f"| {e['step']} |{run} {e['tokens']:,} | " + " | ".join(
+        tokens = f"{e['tokens']:,}" if e.get("tokens") is not None else "?"  # a checkpoint that does not record it
+        lines.append(f"| {e['step']} |{run} {tokens} | " + " | ".join(
             f"{e['metrics'][k]:.3f}" if k in e["metrics"] else "" for k in keys) + " |")
     series: dict[str, list[tuple[float, float]]] = {}
     for e in entries:

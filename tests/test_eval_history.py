@@ -217,21 +217,68 @@ def test_a_checkpoint_whose_tensors_are_of_another_config_is_refused(tmp_path, b
     assert history.read_history(tmp_path / "history") == []
 
 
-@pytest.mark.parametrize("damage", ["truncated", "meta"])
+@pytest.mark.parametrize("damage", ["truncated", "meta", "stage file missing", "meta without model", "meta a list"])
 def test_a_damaged_checkpoint_is_named_and_the_others_are_evaluated(tmp_path, benchmarks_dir, damage):
     """One unreadable checkpoint failed the whole pass with a bare SafetensorError, on every scheduled run,
-    and no later checkpoint was ever evaluated."""
+    and no later checkpoint was ever evaluated. So did a missing stage file ('no tensor param/wte.weight') and
+    a meta.json of valid JSON that is no checkpoint's (KeyError: 'model'; TypeError), naming no checkpoint."""
     ckpts, tok = make_run(tmp_path)
-    bad = ckpts / "step-00000010" / ("stage-0.safetensors" if damage == "truncated" else "meta.json")
-    bad.write_bytes(bad.read_bytes()[: len(bad.read_bytes()) // 2])
+    bad = ckpts / "step-00000010" / ("stage-0.safetensors" if damage in ("truncated", "stage file missing")
+                                     else "meta.json")
+    if damage == "stage file missing":
+        bad.unlink()
+    elif damage == "meta without model":
+        bad.write_text(json.dumps({k: v for k, v in json.loads(bad.read_text()).items() if k != "model"}))
+    elif damage == "meta a list":
+        bad.write_text("[]")
+    else:
+        bad.write_bytes(bad.read_bytes()[: len(bad.read_bytes()) // 2])
     out = tmp_path / "history"
     with pytest.raises(history.CheckpointsUnreadable) as failed:
         history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, out, {})
-    assert f"checkpoint file {bad} cannot be read" in str(failed.value) and "step-00000010" in str(failed.value)
+    said = "is missing" if damage == "stage file missing" else "cannot be read"
+    assert f"checkpoint file {bad} {said}" in str(failed.value) and "step-00000010" in str(failed.value)
     assert [e["step"] for e in failed.value.new] == [20] == [e["step"] for e in history.read_history(out)]
     assert not list(out.glob("*step-00000010*"))  # nothing half-written for it
     (ckpts / "step-00000010").rename(tmp_path / "removed")  # the operator removes it: the next pass is clean
     assert history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, out, {}) == []
+
+
+@pytest.mark.parametrize("diverged", ["huge logits", "NaN weights"])
+def test_a_diverged_checkpoint_is_recorded_as_it_scores_and_the_pass_goes_on(tmp_path, benchmarks_dir, diverged):
+    """A run that diverged can save the step whose update made its weights huge or NaN: LAMBADA's perplexity
+    overflowed math.exp, NaN log-likelihoods broke statistics.stdev and the sampled generation's multinomial,
+    and the pass stopped at it on every scheduled run, leaving every later checkpoint unevaluated."""
+    import math
+    ckpts, tok = make_run(tmp_path)
+    stage = ckpts / "step-00000010" / "stage-0.safetensors"
+    state = {f"param/{n}": t.detach().clone().contiguous() for n, t in GPT(P, seed=10).named_parameters()}
+    if diverged == "huge logits":
+        state["param/ln_f.weight"] *= 1e4
+    else:
+        state["param/ln_f.weight"][0] = float("nan")
+    save_file(state, str(stage))
+    cfg = EvaluateParams(tasks=["lambada"], shots=["zero"], limit=4)
+    new = history.evaluate_new(ckpts, tok, cfg, benchmarks_dir, tmp_path / "history", {})
+    assert [e["step"] for e in new] == [10, 20]
+    ppl = new[0]["metrics"]["lambada/0-shot/perplexity"]
+    assert math.isinf(ppl) if diverged == "huge logits" else math.isnan(ppl)
+    assert math.isfinite(new[1]["metrics"]["lambada/0-shot/perplexity"])
+
+
+def test_a_hugging_face_folder_without_a_tokenizer_takes_the_one_given(tmp_path):
+    """`python -m trainer.export ckpt out` without --tokenizer writes no tokenizer; the README's
+    `python -m tasks.evaluate.run out --tokenizer tokenizer.json` then said the folder had none."""
+    from tasks.core.errors import InputFileError
+    from tasks.evaluate import model_io
+    from trainer.export import export
+    ckpts, tok = make_run(tmp_path)
+    export(ckpts / "step-00000010", tmp_path / "hf")
+    assert not (tmp_path / "hf" / "tokenizer.json").exists()
+    with pytest.raises(InputFileError, match="no tokenizer .*give one with --tokenizer"):
+        model_io.load(tmp_path / "hf")
+    lm = model_io.load(tmp_path / "hf", tok)
+    assert lm.eod == tokenizers.eod_id(tokenizers.load(tok))
 
 
 def test_the_check_runs_once_before_the_first_evaluation_only(tmp_path, benchmarks_dir):
@@ -263,6 +310,8 @@ def test_the_published_history_tells_two_runs_apart():
     text = history_markdown(two, 1)
     assert "| step | run | tokens | boolq/0-shot |" in text and "|---|---|---|---|" in text
     assert "| 150 | fc28b0ec | 153,600 | 0.500 |" in text and "| 150 | 3a5571aa | 153,600 | 0.400 |" in text
+    # a checkpoint whose meta.json records no tokens (another trainer's): it failed every later run's table
+    assert "| 150 | ? | 0.500 |" in history_markdown([{**one[0], "tokens": None}], 1)
 
 
 def test_history_entries_name_their_run(tmp_path, benchmarks_dir):

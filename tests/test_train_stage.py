@@ -429,7 +429,9 @@ def test_the_resume_point_is_found_wherever_the_run_is_kept(tmp_path):
     from tasks.train.work_folder import resumes_from
     for place, step in (("work", 3), ("work.previous", 5), ("work.swap", 7)):
         (tmp_path / place / "checkpoints" / f"step-{step:08d}").mkdir(parents=True)
-        (tmp_path / place / "checkpoints" / f"step-{step:08d}" / "meta.json").write_text(json.dumps({"step": step}))
+        folder = tmp_path / place / "checkpoints" / f"step-{step:08d}"
+        folder.joinpath("meta.json").write_text(json.dumps({"step": step, "model": {}, "layout": {"tp": 1, "pp": 1}}))
+        folder.joinpath("stage-0.safetensors").touch()  # a checkpoint's files, as read_meta checks them
         (tmp_path / place / "checkpoints" / "latest").write_text(f"step-{step:08d}")
         (tmp_path / place / "identity").write_text(place)
     assert [resumes_from(tmp_path / "work", place)["step"] for place in ("work", "work.previous", "work.swap")] == [3, 5, 7]

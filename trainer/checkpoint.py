@@ -252,11 +252,24 @@ def latest(directory: Path) -> Path | None:
 
 
 def read_meta(folder: Path) -> dict:
+    """The checkpoint's meta.json; one that does not describe a checkpoint, or a stage file its layout names that
+    is not there, is a damaged checkpoint (CheckpointUnreadable): a KeyError or "no tensor param/wte.weight" named
+    no checkpoint, and stopped the scheduled evaluation's pass before every later checkpoint."""
     path = Path(folder) / "meta.json"
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        meta = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise _unreadable(path, e) from None
+    layout = meta.get("layout") if isinstance(meta, dict) else None
+    if not (isinstance(meta, dict) and isinstance(meta.get("model"), dict) and isinstance(meta.get("step"), int)
+            and isinstance(layout, dict) and isinstance(layout.get("pp"), int)):
+        raise _unreadable(path, ValueError("it does not describe a checkpoint: model, step and layout"))
+    for s in range(layout["pp"]):
+        stage = Path(folder) / f"stage-{s}.safetensors"
+        if not stage.is_file() and Path(folder).is_dir():  # a folder pruned meanwhile is gone, not damaged
+            raise CheckpointUnreadable(f"checkpoint file {stage} is missing: the checkpoint {Path(folder).name} "
+                                       f"is damaged")
+    return meta
 
 
 def check_model(meta: dict, model, folder: Path) -> None:

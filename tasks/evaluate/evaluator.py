@@ -34,7 +34,19 @@ def select(n: int, limit: int | None, seed: int) -> list[int]:
 
 
 def _stderr(values: list[float]) -> float:
-    return statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else float("nan")
+    # a diverged checkpoint's NaN log-likelihoods: Python 3.11's stdev raised AttributeError on them
+    if len(values) < 2 or not all(map(math.isfinite, values)):
+        return float("nan")
+    return statistics.stdev(values) / math.sqrt(len(values))
+
+
+def _perplexity(logliks: list[float]) -> float:
+    """exp of the mean negative log-likelihood; inf past the floats (huge logits: math.exp overflowed), NaN for
+    NaN weights. Either is recorded as it is, and the suite flags it (perplexity_invalid)."""
+    try:
+        return math.exp(-statistics.fmean(logliks))
+    except OverflowError:
+        return float("inf")
 
 
 def check_shots(task: TaskData, shot_counts: list[int]) -> None:
@@ -85,7 +97,7 @@ def evaluate_task(scorer: Scorer, task: TaskData, shots: int, seed: int = 1234,
     for metric in metrics_of(task.name):
         if metric == "perplexity":
             ll = per_doc["loglik"]
-            value = math.exp(-statistics.fmean(ll))
+            value = _perplexity(ll)
             rows.append(_row(task.name, shots, metric, value, value * _stderr(ll), n, skipped, cut))
         else:
             rows.append(_row(task.name, shots, metric, statistics.fmean(per_doc[metric]), _stderr(per_doc[metric]),

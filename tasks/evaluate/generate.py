@@ -35,6 +35,8 @@ def generate(lm: LoadedModel, prompt: str, max_new_tokens: int, temperature: flo
     for _ in range(max_new_tokens):
         context = torch.tensor([(ids + new)[-window:]], device=device)
         logits = model(context)[0, -1, :vocab].float().cpu()
+        if not bool(torch.isfinite(logits).all()):  # a diverged checkpoint: nothing to sample from (multinomial
+            break                                     # raised, and the scheduled pass stopped at it)
         if temperature is None:
             token = int(logits.argmax())
         else:

@@ -70,7 +70,8 @@ def _hf_tokenizer(folder: Path) -> Tokenizer:
         return tokenizers.load(folder / "tokenizer.json")
     if (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file():
         return tokenizers.load(folder / "vocab.json", folder / "merges.txt")
-    raise InputFileError(f"{folder}: no tokenizer (tokenizer.json, or vocab.json + merges.txt)")
+    raise InputFileError(f"{folder}: no tokenizer (tokenizer.json, or vocab.json + merges.txt): give one with "
+                         f"--tokenizer")
 
 
 def _check_tokenizer(tok: Tokenizer, p: ModelParams, where: Path, exact_padding: int | None) -> int:
@@ -97,7 +98,9 @@ def load_checkpoint(folder: Path, tokenizer: Path) -> LoadedModel:
     return LoadedModel(_build(p, lambda name: tensors[f"param/{name}"]), tok, eod, "checkpoint", int(meta["step"]), meta.get("consumed_tokens"))
 
 
-def load_hf(folder: Path) -> LoadedModel:
+def load_hf(folder: Path, tokenizer: Path | None = None) -> LoadedModel:
+    """A Hugging Face GPT-2 folder, with its own tokenizer or `tokenizer` (given, it is the one used: an export
+    written without --tokenizer has none, and the one passed to `tasks.evaluate.run` was ignored)."""
     folder = Path(folder)
     if not (folder / "config.json").is_file():
         raise InputFileError(f"{folder}: not a Hugging Face model folder (no config.json)")
@@ -119,7 +122,7 @@ def load_hf(folder: Path) -> LoadedModel:
         except RuntimeError as e:  # a reshape of a tensor of another size: weights of another config
             raise ConfigError(f"{folder}: the weights do not fit config.json: tensor shape mismatch "
                               f"({str(e).splitlines()[0]})") from None
-    tok = _hf_tokenizer(folder)
+    tok = tokenizers.load(Path(tokenizer)) if tokenizer is not None else _hf_tokenizer(folder)
     eod = _check_tokenizer(tok, p, folder, None)
     if config.get("eos_token_id") not in (None, eod):
         raise ConfigError(f"tokenizer does not match the model {folder}: its end-of-text id is {eod}, "
@@ -135,5 +138,5 @@ def load(path: Path, tokenizer: Path | None = None) -> LoadedModel:
             raise ConfigError(f"{path}: a checkpoint needs its tokenizer (tokenizer.json)")
         return load_checkpoint(path, tokenizer)
     if (path / "config.json").is_file():
-        return load_hf(path)
+        return load_hf(path, tokenizer)
     raise InputFileError(f"{path}: neither a checkpoint (meta.json) nor a Hugging Face model (config.json)")
