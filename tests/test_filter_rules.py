@@ -79,6 +79,19 @@ def test_sentences_are_counted_as_spacys_sentencizer_counts_them():
              "\u201cHi!\u201d she said. \u201cCome in.\u201d": 3, "Ends here. And then some words": 2,
              "Trailing words without an end": 1, "Wait . What ?! Really": 3, "J. R. R. Tolkien wrote it.": 1}
     assert {line: count_sentences(line) for line in cases} == cases
+    # words apart by no-break spaces or tabs: the word before a period reached back to the last ASCII space,
+    # held the sentence before's period and read as an abbreviation (2 sentences of 4 counted)
+    line = "The cat sat on the mat. It was warm. Dogs barked loudly. The end came."
+    assert [count_sentences(line.replace(" ", sep)) for sep in (" ", "\u00a0", "\t", "\u2009")] == [4] * 4
+
+
+def test_c4_with_no_sentence_minimum_drops_a_page_with_no_line_left():
+    """c4.min_sentences: 0 (the way to turn the rule off) kept a page whose every line C4 removes as "", which
+    went on to the classifier and the output, failing the stage's suite only after the whole run."""
+    page = "Home | Blog | Contact\nRead more...\nThis website uses cookies to improve your experience."
+    got, edited = run([{"text": page}, {"text": ARTICLE}], c4={"min_sentences": 0},
+                      exempt={"common-crawl": ["gopher_quality", "gopher_repetition"]})
+    assert got == ["c4.too_few_sentences", ""] and edited[1]
 
 
 def test_exemptions_are_per_dataset():
