@@ -106,15 +106,18 @@ def _training_docs(p: PipelineParams, ctx: Context) -> dict[str, list[str]]:
                               f"{', '.join(names) or '(none listed)'} "
                               + ("are all dropped by the rules (" + ", ".join(f"{r}: {n:,}" for r, n in dropped.most_common(3))
                                  + ")" if cls == "pos" and dropped else _present(seen)))
-    chosen = {i: (cls, h) for cls in picks for i, h in split_heldout(cls, picks[cls], c.max_train_docs, c.holdout)}
-    out: dict[str, list[str]] = {"pos": [], "neg": [], "held_pos": [], "held_neg": []}
+    chosen = {i: (cls, h, k) for cls in picks
+              for k, (i, h) in enumerate(split_heldout(cls, picks[cls], c.max_train_docs, c.holdout))}
+    found: dict[str, list[tuple[int, str]]] = {"pos": [], "neg": [], "held_pos": [], "held_neg": []}
     for f in _ruled(ctx):
         t = pq.read_table(f, columns=["id", "text"])
         for i, text in zip(t.column("id").to_pylist(), t.column("text").to_pylist()):
             if i in chosen:
-                cls, held = chosen[i]
-                out[("held_" if held else "") + cls].append(text)
-    return out
+                cls, held, k = chosen[i]
+                found[("held_" if held else "") + cls].append((k, text))
+    # in the order of the id hashes, not of the shards: the fit's floating point follows its rows' order, so
+    # another sharding of the same documents gave another model (coefficients 2e-7 apart, most scores changed)
+    return {key: [text for _, text in sorted(rows)] for key, rows in found.items()}
 
 
 def split_heldout(cls: str, picks: list[tuple[float, str, float]], max_docs: int, holdout: float) -> list[tuple[str, bool]]:
