@@ -42,8 +42,8 @@ def history_markdown(entries: list[dict], new: int, settings: dict | None = None
     if others:
         lines += [f"{others} earlier entries of history.jsonl, evaluated with other settings, are not shown.", ""]
     keys = sorted({k for e in entries for k in e["metrics"] if k.endswith("/acc")})
-    lines += [f"| step |{' run |' if several else ''} tokens | " + " | ".join(k.removesuffix("/acc") for k in keys)
-              + " |", "|---" * (len(keys) + 2 + several) + "|"]
+    head = ["step", *(["run"] if several else []), "tokens", *(k.removesuffix("/acc") for k in keys)]
+    lines += ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]  # as many columns in both (none yet: 2)
     for e in sorted(entries, key=lambda e: (e["step"], runs.index(e.get("run", "")))):
         run = f" {e.get('run', '')[:8] or '?'} |" if several else ""
         tokens = f"{e['tokens']:,}" if e.get("tokens") is not None else "?"  # a checkpoint that does not record it

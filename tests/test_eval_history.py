@@ -312,6 +312,13 @@ def test_the_published_history_tells_two_runs_apart():
     assert "| 150 | fc28b0ec | 153,600 | 0.500 |" in text and "| 150 | 3a5571aa | 153,600 | 0.400 |" in text
     # a checkpoint whose meta.json records no tokens (another trainer's): it failed every later run's table
     assert "| 150 | ? | 0.500 |" in history_markdown([{**one[0], "tokens": None}], 1)
+    assert history_markdown([], 0).endswith("| step | tokens |\n|---|---|")  # nothing yet: as many columns in both
+
+
+def test_a_few_shot_k_equal_to_another_setting_is_scored_once():
+    """fewshot_k 1 (or 0) is the one-shot (zero-shot) setting: it was scored twice and listed twice."""
+    cfg = EvaluateParams(tasks=["boolq", "wic"], shots=["zero", "one", "few"], fewshot_k={"boolq": 1, "wic": 4})
+    assert cfg.shot_counts("boolq") == [0, 1] and cfg.shot_counts("wic") == [0, 1, 4]
 
 
 def test_history_entries_name_their_run(tmp_path, benchmarks_dir):

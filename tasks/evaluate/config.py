@@ -53,4 +53,6 @@ class EvaluateParams(Strict):
         return self
 
     def shot_counts(self, task: str) -> list[int]:
-        return [{"zero": 0, "one": 1, "few": self.fewshot_k.get(task, 0)}[s] for s in self.shots]
+        """The k of each setting, each once: a few-shot k of 1 (or 0) is the one-shot (zero-shot) setting, which
+        was scored twice, its rows listed twice."""
+        return list(dict.fromkeys({"zero": 0, "one": 1, "few": self.fewshot_k.get(task, 0)}[s] for s in self.shots))
