@@ -52,7 +52,7 @@ def normalize(text: str) -> str:
     t = text.lower()
     if t.isascii():
         return t.translate(_ASCII_DROP)
-    if not unicodedata.is_normalized("NFKC", text):
+    if _word_by_word(text, t):
         return " ".join(w for w in map(_nfkc_word, text.split()) if w)
     # PUNCT.sub in two steps, ~10% faster (what pays for the NFKC check): ASCII punctuation by a C
     # byte translate, then a regex that matches only the rarer non-ASCII punctuation
@@ -70,6 +70,12 @@ def _nfkc_word(token: str) -> str:
     return _NOT_WORD.sub("", unicodedata.normalize("NFKC", token).lower())
 
 
+def _word_by_word(text: str, lowered: str) -> bool:
+    """Whether normalize takes `text` a token at a time through NFKC (non-ASCII text not in NFKC form); token_spans
+    asks the same, so that its spans are those of normalize's words."""
+    return not lowered.isascii() and not unicodedata.is_normalized("NFKC", text)
+
+
 def words_of(text: str) -> list[str]:
     return normalize(text).split()
 
@@ -79,10 +85,10 @@ _TOKEN = re.compile(r"\S+")
 
 def token_spans(text: str, upto: int | None = None) -> list[tuple[int, int]]:
     """Character span, in the original text, of each word of words_of(text) (the first `upto`)."""
-    if text.lower().isascii() or unicodedata.is_normalized("NFKC", text):  # normalize's choice, made alike
-        it = KEPT_TOKEN.finditer(text)
-    else:
+    if _word_by_word(text, text.lower()):
         it = (m for m in _TOKEN.finditer(text) if _nfkc_word(m.group()))
+    else:
+        it = KEPT_TOKEN.finditer(text)
     return [m.span() for m in (it if upto is None else islice(it, upto))]
 
 
