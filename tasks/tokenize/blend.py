@@ -37,7 +37,7 @@ def resolve_weights(p: PipelineParams, datasets: dict) -> tuple[list[str], np.nd
     """(names, normalised weights, notes). Named datasets must exist and hold tokens; no blend given:
     every dataset by its share of the tokens."""
     t = p.tokenize
-    if not datasets or not any(d["tokens"] >= 2 for d in datasets.values()):
+    if not datasets or not any(d["tokens"] >= indices.MIN_TOKENS for d in datasets.values()):
         raise InputFileError("tokenize: the input holds no documents: nothing to blend")
     entries = list(MTNLG_BLEND) if t.profile == "mt-nlg" else [(b.dataset, b.weight) for b in t.blend]
     if entries:
@@ -46,9 +46,9 @@ def resolve_weights(p: PipelineParams, datasets: dict) -> tuple[list[str], np.nd
         if missing:
             raise ConfigError(f"{where} names dataset(s) the input does not have: {', '.join(missing)}; "
                               f"datasets: {', '.join(sorted(datasets))}")
-        # a sample is read from 2 tokens on: fewer failed as an unlabelled ValueError naming no dataset
+        # fewer tokens than a sample needs failed as an unlabelled ValueError naming no dataset
         tiny = [f"{name} ({datasets[name]['tokens']} token: only empty documents)" for name, w in entries
-                if w > 0 and datasets[name]["tokens"] < 2]
+                if w > 0 and datasets[name]["tokens"] < indices.MIN_TOKENS]
         if tiny:
             raise ConfigError(f"{where}: dataset(s) too small to fill a sample: {', '.join(tiny)}; give them weight 0")
         chosen = [(name, float(w)) for name, w in entries if w > 0]
@@ -57,8 +57,9 @@ def resolve_weights(p: PipelineParams, datasets: dict) -> tuple[list[str], np.nd
         named = {name for name, _ in entries}
         left_out = sorted(set(datasets) - named) + [name for name, w in entries if w == 0]
     else:
-        chosen = [(name, float(d["tokens"])) for name, d in sorted(datasets.items()) if d["tokens"] >= 2]
-        left_out = [name for name, d in sorted(datasets.items()) if d["tokens"] < 2]  # too few for a sample
+        chosen = [(name, float(d["tokens"])) for name, d in sorted(datasets.items())
+                  if d["tokens"] >= indices.MIN_TOKENS]
+        left_out = [name for name, d in sorted(datasets.items()) if d["tokens"] < indices.MIN_TOKENS]
     names = [n for n, _ in chosen]
     raw = np.array([w for _, w in chosen], dtype=np.float64)
     weights = indices.normalise_weights(raw)

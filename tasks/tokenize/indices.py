@@ -156,10 +156,13 @@ def dataset_indices(sizes: np.ndarray, samples: int, seq_length: int, seed: int)
     return doc_index, sample_idx, shuffle_index(sans_final if separate else total, total, state), epochs
 
 
+MIN_TOKENS = 2  # a sample is seq_length + 1 tokens overlapping the next by one: fewer never makes one
+
+
 def epochs_needed(samples: int, tokens_per_epoch: int, seq_length: int) -> int:
     """Fewest epochs whose tokens give `samples` samples of seq_length + 1 (overlapping by one token)."""
     if samples <= 0:
         return 0
-    if tokens_per_epoch <= 1:
-        raise ValueError("a dataset with fewer than 2 tokens cannot fill a sample")
+    if tokens_per_epoch < MIN_TOKENS:
+        raise ValueError(f"a dataset with fewer than {MIN_TOKENS} tokens cannot fill a sample")
     return -(-(samples * seq_length + 1) // tokens_per_epoch)
