@@ -115,12 +115,13 @@ def test_slow_response_times_out_and_retries(server, tmp_path):
 def test_a_rate_limits_retry_after_is_waited_for(server, tmp_path, monkeypatch):
     """A server that asks for more time than the backoff (S3's "slow down", a CDN's rate limit) got every retry
     before its window ended: the file failed after ~15 s with the defaults."""
+    import datetime
     import email.utils
 
     from tasks.core import stopping
     waits: list[float] = []
     monkeypatch.setattr(stopping, "sleep", waits.append)  # what fetch asks to wait, not how long it took
-    soon = email.utils.format_datetime(email.utils.localtime() + __import__("datetime").timedelta(seconds=40),
+    soon = email.utils.format_datetime(email.utils.localtime() + datetime.timedelta(seconds=40),
                                        usegmt=True)
     FaultHandler.faults = ["retry_after 503 20", "retry_after 429 100000", f"retry_after 503 {soon}",
                            "retry_after 503 soon-ish", "500"]

@@ -211,12 +211,8 @@ def test_the_time_limit_is_named_whether_the_output_is_echoed_or_not(tmp_path):
         with pytest.raises(launch.LaunchTimedOut, match=r"every rank was stopped after the launch's time limit of 2 s"):
             launch.run("tests.launch_targets", stand_in(tmp_path / str(echo is None), "busy"), 1,
                        tmp_path / "launch.log", timeout=2, echo=echo)
-    assert not lifeline_launched()
-
-
-def lifeline_launched() -> list[int]:
     from tasks.core import lifeline
-    return lifeline.launched_pids()
+    assert not lifeline.launched_pids()
 
 
 TORCHRUN_REPORT = """\
