@@ -16,6 +16,8 @@ as a cancel from the UI does: the run stops its shards and ranks and is recorded
 a termination signal"; a rerun resumes it). Then the worker gets its SIGINT. A kill -9 of this process
 still stops the worker and its runs (tasks.core.lifeline's watcher). A run that has not ended a minute
 after its SIGTERM is killed and recorded as Crashed here, saying so: a killed run records no end itself.
+While its runs stop, the worker is frozen (SIGSTOP): it went on polling and started the runs scheduled
+meanwhile, which its own stop then killed, unrecorded and Running in the UI for good.
 """
 from __future__ import annotations
 
@@ -61,9 +63,29 @@ def flow_run_id(pid: int) -> str | None:
     return next((v.split(b"=", 1)[1].decode() for v in environ if v.startswith(b"PREFECT__FLOW_RUN_ID=")), None)
 
 
+def _forks_not_yet_run(worker: int) -> list[int]:
+    """The worker's children that are still copies of it: a run it forked and has not exec'd yet."""
+    try:
+        own = Path(f"/proc/{worker}/cmdline").read_bytes()
+    except OSError:
+        return []
+    children = [pid for pid, fields in lifeline.live_processes() if int(fields[1]) == worker]
+    return [pid for pid in children if _cmdline(pid) == own]
+
+
+def _cmdline(pid: int) -> bytes | None:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # gone meanwhile
+        return None
+
+
 def _stop_runs(worker: int, within_s: float) -> int:
     """SIGTERM to each run the worker is executing, SIGKILL to what is left after `within_s`; how many.
     A run killed so never recorded its end: it is recorded as crashed here."""
+    deadline = time.monotonic() + 1.0  # a fork made just before the worker froze becomes its run in microseconds
+    while _forks_not_yet_run(worker) and time.monotonic() < deadline:
+        time.sleep(0.01)
     runs = {pid: flow_run_id(pid) for pid in flow_runs(worker)}
     for pid in runs:
         _signal(pid, signal.SIGTERM)
@@ -102,19 +124,28 @@ def _signal(pid: int, sig: int) -> None:
 
 def main(argv: list[str]) -> int:
     prefect = str(Path(sys.executable).with_name("prefect"))
+    return supervise([prefect, "worker", "start", "--pool", POOL, *argv])
+
+
+def supervise(command: list[str]) -> int:
+    """Run the worker `command` until it ends, or until Ctrl-C/SIGTERM stops its runs and then it."""
     # handlers, not SIG_IGN: across exec a handled signal is back at its default, so the worker's Python
     # installs its KeyboardInterrupt, whatever this process was started with
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _record)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     lifeline.guard_descendants()
-    worker = subprocess.Popen([prefect, "worker", "start", "--pool", POOL, *argv], start_new_session=True)
+    worker = subprocess.Popen(command, start_new_session=True)
     while worker.poll() is None and not _received:
         time.sleep(0.2)
     if not _received:
         return worker.returncode
-    stopped = _stop_runs(worker.pid, RUNS_STOP_WITHIN_S)
-    worker.send_signal(signal.SIGINT)
+    worker.send_signal(signal.SIGSTOP)  # no new run while its runs stop (module docstring)
+    try:
+        stopped = _stop_runs(worker.pid, RUNS_STOP_WITHIN_S)
+    finally:  # the SIGINT waits for the SIGCONT: the worker's first step is its stop, not a poll
+        worker.send_signal(signal.SIGINT)
+        worker.send_signal(signal.SIGCONT)
     try:
         worker.wait(timeout=WORKER_STOPS_WITHIN_S)
     except subprocess.TimeoutExpired:

@@ -288,6 +288,41 @@ def test_a_killed_run_the_worker_cannot_record_is_one_line():
         "[Errno 111] Connection refused"], out.stderr
 
 
+# A stand-in for `prefect worker start` whose scheduled runs keep coming: it starts a run every 0.2 s. A
+# run takes a second to stop on SIGTERM and exits 0; on SIGINT the worker kills its runs as Prefect's does
+# (anyio cancelling its task group) and prints how each ended.
+BUSY_WORKER = """
+    import signal, subprocess, sys, time
+    RUN = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: (time.sleep(1), sys.exit(0))); time.sleep(600)"
+    runs = []
+    def stop(*_):
+        for run in runs:
+            run.kill()
+        print(*[run.wait() for run in runs], flush=True)
+        sys.exit(0)
+    signal.signal(signal.SIGINT, stop)
+    while True:
+        runs.append(subprocess.Popen([sys.executable, "-c", RUN, "prefect.engine"]))
+        print("started", flush=True)
+        time.sleep(0.2)
+"""
+
+
+def test_the_worker_starts_no_run_while_its_runs_stop():
+    """A worker drill: the worker went on polling while its runs stopped, and its own stop then killed the
+    runs it had started meanwhile, which stayed Running in the UI for good."""
+    supervisor = subprocess.Popen([sys.executable, "-c", "import sys; from flows import worker; "
+                                   "sys.exit(worker.supervise([sys.executable, '-c', sys.argv[1]]))",
+                                   textwrap.dedent(BUSY_WORKER)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)
+    assert supervisor.stdout.readline() == "started\n"
+    supervisor.send_signal(signal.SIGTERM)
+    out, err = supervisor.communicate(timeout=120)
+    assert supervisor.returncode == 128 + signal.SIGTERM, err
+    ended = out.splitlines()[-1].split()  # the worker's last line: how each of its runs ended
+    assert ended and set(ended) == {"0"}, (out, err)  # each on its SIGTERM; none killed by the worker's stop
+
+
 MAPPING_INTERRUPTED = """
     import signal, types
     from prefect import flow
