@@ -57,3 +57,23 @@ def test_whole_batches_stop_before_a_partial_one():
     ramp = ScheduleParams(rampup_start=2, rampup_increment=2, rampup_tokens=8 * 16)  # 8 samples of 16 tokens
     # +2 every 8/3 samples consumed: batches 2, 2, 4, 8, 8 = 24; the next 8 would pass 30
     assert schedule.whole_batches(30, ramp, par, 16) == 24
+
+
+def test_a_decay_that_ends_before_the_warmup_is_refused_and_the_rate_ends_at_its_floor():
+    """Reviewed against Megatron (it asserts lr_warmup_steps < lr_decay_steps, and gives min_lr past the decay):
+    here such a schedule trained at its peak for good, and one more decay token made a 10x jump."""
+    from pydantic import ValidationError
+    with pytest.raises(ValidationError, match="decay_tokens 1000 must be more than warmup_tokens 1000"):
+        ScheduleParams(warmup_tokens=1000, decay_tokens=1000)
+    # a resolved budget no longer than the warmup (train_tokens 0 on a small blend; the stage warns of it)
+    short = ScheduleParams(train_tokens=800, warmup_tokens=1000)
+    assert [schedule.learning_rate(t, short, OPT) for t in (500, 999, 1000, 5000)] == \
+        pytest.approx([2.5e-5, 5e-5 * 0.999, 5e-6, 5e-6])
+
+
+def test_a_ramp_past_its_batch_is_a_configuration_error_not_a_division_by_zero():
+    par = ParallelParams(micro_batch=2, global_batch=8)
+    for ramp in (ScheduleParams(rampup_start=2, rampup_increment=0, rampup_tokens=64),
+                 ScheduleParams(rampup_start=4, rampup_increment=8, rampup_tokens=64)):
+        with pytest.raises(ConfigError, match="schedule: "):
+            schedule.global_batch(0, ramp, par, 16)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tasks.core.errors import ConfigError
 from tests.conftest import REPO
 from tasks.core import lifeline
 from trainer import checkpoint
@@ -126,6 +127,17 @@ def test_a_checkpoint_of_another_model_is_refused(uninterrupted, tmp_path):
     with pytest.raises(RuntimeError, match=r"configuration error: checkpoint .*step-00000004 is of another "
                                            r"model: d_model 32 != 64"):
         resume_from(uninterrupted, 4, s)
+
+
+def test_a_checkpoint_is_not_another_model_for_its_initial_spread_or_how_it_is_computed(tmp_path):
+    """init_std written out at its default was 'another model' (Megatron's check_checkpoint_args does not compare
+    it: it acts before the first step only)."""
+    from trainer.checkpoint import check_model
+    saved = {"model": MODEL.model_dump()}
+    check_model(saved, MODEL.model_copy(update={"init_std": 0.02, "fused_kernels": False, "attention": "softmax"}),
+                tmp_path)
+    with pytest.raises(ConfigError, match="is of another model: n_layer 4 != 3"):
+        check_model(saved, MODEL.model_copy(update={"n_layer": 3}), tmp_path)
 
 
 def test_a_diverging_loss_stops_with_the_step(tmp_path):

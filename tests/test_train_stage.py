@@ -110,6 +110,37 @@ def test_a_layout_that_does_not_fit_fails_before_launching(blended):
         run_stage("train", params(blended, parallel={"tp": 3, "micro_batch": 2, "global_batch": 4}))
 
 
+@pytest.mark.parametrize("change, message", [
+    ({"parallel": {**SAMPLE["parallel"], "global_batch": 8}, "schedule": {**SAMPLE["schedule"], "rampup_start": 3,
+      "rampup_increment": 2, "rampup_tokens": 256}}, r"schedule.rampup_start 3 is not a multiple of micro_batch x dp = 2"),
+    ({"parallel": {**SAMPLE["parallel"], "global_batch": 8}, "schedule": {**SAMPLE["schedule"], "rampup_start": 2,
+      "rampup_increment": 8, "rampup_tokens": 256}}, r"global_batch 8 - rampup_start 2 is not a multiple"),
+    ({"parallel": {**SAMPLE["parallel"], "global_batch": 64}},
+     r"profile 'sample': the blend has 40 samples of 16 tokens, fewer than one global batch \(64\)")])
+def test_a_bad_ramp_or_a_batch_past_the_blend_is_refused_before_any_run_is_moved(blended, tmp_path, change, message):
+    """A review: the ranks refused these after the stage had moved the run in work/ aside (deleting the one in
+    work.previous): two typos in a row deleted both trained runs. A ramp that cannot reach its batch in whole
+    increments divided by zero."""
+    import shutil
+    shutil.copytree(blended / "data" / "tokenize", tmp_path / "data" / "tokenize")
+    work = _runs(tmp_path / "data" / "train", "an earlier run", "the one before")
+    with pytest.raises(ConfigError, match=message):
+        run_stage("train", params(tmp_path, **change))
+    assert (work / "identity").read_text() == "an earlier run"
+    assert (work.with_name("work.previous") / "identity").read_text() == "the one before"
+
+
+def test_how_the_model_is_computed_is_not_another_run(blended):
+    """A review: turning fused_kernels off (the stage's own advice when they cannot run) or another attention
+    path made the stage take it for another run, which started from step 0 and moved the run aside."""
+    from tasks.core.stage import Context
+    from tasks.train.stage import check_run, run_identity
+    ctx = Context("train", str(blended / "data"), "tokenize")
+    identity = lambda **model: run_identity(check_run(params(blended, model={**SAMPLE["model"], **model}), ctx)[1], ctx)  # noqa: E731
+    assert identity(fused_kernels=False) == identity(attention="softmax") == identity()
+    assert identity(dropout=0.1) != identity(), "the recipe itself still is"
+
+
 def test_a_rank_failure_fails_the_stage_with_the_ranks_line(blended):
     with pytest.raises(TrainingError, match=r"loss is (nan|inf) at step \d+ .*\(stage 'train', log: "):
         run_stage("train", params(blended, optim={"lr": 1.0e30, "grad_clip": 0.0}))
@@ -125,7 +156,8 @@ BIG = {"model": {"n_layer": 105, "n_head": 128, "d_model": 20480},
 
 
 def test_every_profile_is_sized_and_a_too_big_one_is_refused_before_launching(blended):
-    p = params(blended, profiles={"big": BIG}, profile="big")
+    # a global batch the 40-sample blend holds (1920 is refused first, for the blend)
+    p = params(blended, profiles={"big": {**BIG, "parallel": {**BIG["parallel"], "global_batch": 32}}}, profile="big")
     log = blended / "data/train/work/launch.log"
     before = log.stat().st_size if log.exists() else 0
     with pytest.raises(ConfigError, match=r"profile 'big' needs 2240 ranks of ~[\d.]+ GiB and this machine has "

@@ -28,6 +28,7 @@ from tasks.core.errors import ConfigError, InputFileError, TrainingError
 from tasks.core.passes import remove_at_once
 from trainer import rng
 from trainer import tensor_parallel as tp
+from trainer.config import HOW_COMPUTED
 from trainer.model import kernel_path
 from trainer.pipeline import plain_modules
 
@@ -273,10 +274,11 @@ def read_meta(folder: Path) -> dict:
 
 
 def check_model(meta: dict, model, folder: Path) -> None:
-    """A checkpoint of another model config is refused, naming the fields that differ."""
+    """A checkpoint of another model config is refused, naming the fields that differ. How it is computed,
+    its dropout and the spread of its initial weights (init_std, as Megatron's check_checkpoint_args) may."""
     mine = model.model_dump()
     differ = [f"{k} {meta['model'].get(k)!r} != {mine[k]!r}" for k in mine
-              if k not in ("fused_kernels", "attention", "dropout") and meta["model"].get(k) != mine[k]]
+              if k not in (*HOW_COMPUTED, "dropout", "init_std") and meta["model"].get(k) != mine[k]]
     if differ:
         raise ConfigError(f"checkpoint {folder} is of another model: " + ", ".join(differ))
 

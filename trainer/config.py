@@ -44,6 +44,17 @@ class ArchParams(Strict):
         return self
 
 
+# how the same model is computed, not which model: a run resumes across a change of them (checkpoint.check_model)
+HOW_COMPUTED = ("fused_kernels", "attention")
+
+
+def recipe_model(model: "ModelParams") -> "ModelParams":
+    """`model` with HOW_COMPUTED at their defaults, as a run's identity digests it: turning the fused kernels
+    off (the stage's advice when they cannot run) started the run again from step 0. At the defaults, not
+    left out: the identity of a run that never set them is the one it had."""
+    return model.model_copy(update={k: type(model).model_fields[k].default for k in HOW_COMPUTED})
+
+
 class ModelParams(ArchParams):
     """A GPT decoder as MT-NLG and GPT-3: pre-LayerNorm, learned positions, GeLU (tanh), tied embeddings."""
 
@@ -137,6 +148,13 @@ class ScheduleParams(Strict):
     rampup_start: int = Field(0, ge=0, description="Global batch at the start of the ramp (0: no ramp).")
     rampup_increment: int = Field(0, ge=0, description="The ramp's step in sequences (Megatron's --rampup-batch-size).")
     rampup_tokens: int = Field(0, ge=0, description="Tokens over which the batch ramps up to global_batch.")
+
+    @model_validator(mode="after")
+    def _decay_ends_after_warmup(self):
+        # Megatron asserts it (lr_warmup_steps < lr_decay_steps): here the rate stayed at its peak for good
+        if self.decay_tokens is not None and self.decay_tokens <= self.warmup_tokens:
+            raise ValueError(f"decay_tokens {self.decay_tokens} must be more than warmup_tokens {self.warmup_tokens}")
+        return self
 
 
 class RunSettings(Strict):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tasks.core.errors import ConfigError, TrainingError
 from trainer import checkpoint, rng, schedule
-from trainer.config import ModelParams, TrainParams
+from trainer.config import ModelParams, TrainParams, recipe_model
 from trainer.data import Samples, check_fits, replica_batch
 
 FIELDS = ["step", "loss", "lr", "global_batch", "tokens", "tokens_per_s", "tflops_per_device", "mfu"]
@@ -68,10 +68,10 @@ def train(cfg: TrainParams, samples: Samples, out: Path, init_from: Path | None 
     ckpt_dir = out / "checkpoints"
     own = checkpoint.latest(ckpt_dir)
     found = own or init_from
+    schedule.check(cfg.schedule, cfg.parallel)  # first: a bad ramp divided by zero in within_data
     if own is None and not schedule.within_data(cfg.schedule, cfg.parallel, seq, len(samples)).train_tokens:
         raise ConfigError(f"the data has {len(samples)} samples, fewer than one global batch "
                           f"({schedule.global_batch(0, cfg.schedule, cfg.parallel, seq)})")
-    schedule.check(cfg.schedule, cfg.parallel)
     engine = Engine.start(cfg.model, cfg.parallel, cfg.optim, cfg.seed)
     # dropout's streams (trainer/rng.py); a resume at the same layout restores their exact state
     rng.seed_streams(cfg.seed, engine.coord)
@@ -140,7 +140,8 @@ def recipe_digest(cfg: TrainParams) -> str:
     checkpoint cadence or the MFU peak, which a resume may change)."""
     import hashlib
     import json
-    recipe = {k: getattr(cfg, k).model_dump(mode="json") for k in ("model", "optim", "schedule")}
+    recipe = {k: getattr(cfg, k).model_dump(mode="json") for k in ("optim", "schedule")}
+    recipe["model"] = recipe_model(cfg.model).model_dump(mode="json")
     return hashlib.sha256(json.dumps([recipe, cfg.seed], sort_keys=True).encode()).hexdigest()
 
 

@@ -30,7 +30,11 @@ def global_batch(consumed_samples: int, s: ScheduleParams, par: ParallelParams, 
     samples, reaching global_batch when rampup_tokens are consumed."""
     if not s.rampup_start or s.rampup_start == par.global_batch:
         return par.global_batch
-    increments = (par.global_batch - s.rampup_start) // s.rampup_increment
+    increments = (par.global_batch - s.rampup_start) // s.rampup_increment if s.rampup_increment else 0
+    if increments <= 0:
+        check(s, par)  # names what is wrong (a ramp that cannot reach global_batch in whole increments)
+        raise ConfigError(f"schedule: rampup_start {s.rampup_start} + rampup_increment {s.rampup_increment} is past "
+                          f"global_batch {par.global_batch}")
     per_increment = s.rampup_tokens / seq_len / increments
     done = int(consumed_samples / per_increment) if per_increment > 0 else increments
     return min(par.global_batch, s.rampup_start + done * s.rampup_increment)
@@ -73,8 +77,8 @@ def learning_rate(consumed_tokens: int, s: ScheduleParams, opt: OptimParams) -> 
     if s.warmup_tokens and consumed_tokens < s.warmup_tokens:
         return opt.lr * consumed_tokens / s.warmup_tokens
     end = s.decay_tokens or s.train_tokens
-    if end <= s.warmup_tokens:
-        return opt.lr
-    progress = min(1.0, (consumed_tokens - s.warmup_tokens) / (end - s.warmup_tokens))
     low = opt.lr * s.min_lr_ratio
+    if end <= s.warmup_tokens:  # past a warmup as long as the run (a warning of the stage): its end, as Megatron
+        return low if end else opt.lr
+    progress = min(1.0, (consumed_tokens - s.warmup_tokens) / (end - s.warmup_tokens))
     return low + (opt.lr - low) * 0.5 * (1.0 + math.cos(math.pi * progress))

@@ -18,7 +18,7 @@ from tasks.core.config import PipelineParams
 from tasks.core.errors import ConfigError, TrainingError, from_line
 from tasks.core.stage import Context, GlobalPass, Stage
 from tasks.train import work_folder
-from trainer.config import TrainParams, padded_vocab, plan
+from trainer.config import TrainParams, padded_vocab, plan, recipe_model
 
 NAME = "train"
 CURVE_POINTS = 200  # the loss curve kept in stats.json (the full one is metrics.csv)
@@ -69,6 +69,7 @@ def _identity(cfg: TrainParams, ctx: Context) -> str:
     blend, datasets, tokenizer = blend_files(ctx)
     data = [(blend / REPORT).read_text(encoding="utf-8"), (datasets / MANIFEST).read_text(encoding="utf-8"),
             tokenizer.read_text(encoding="utf-8")]
+    cfg = cfg.model_copy(update={"model": recipe_model(cfg.model)})  # not how it is computed (HOW_COMPUTED)
     run = {k: getattr(cfg, k).model_dump() if hasattr(getattr(cfg, k), "model_dump") else getattr(cfg, k)
            for k in ("model", "optim", "schedule", "seed")}
     return hashlib.sha256(json.dumps([run, data], sort_keys=True).encode()).hexdigest()
@@ -85,7 +86,7 @@ def check_run(p: PipelineParams, ctx: Context) -> tuple[dict, TrainParams, list[
     facts, the run's parameters, every profile sized and the run's identity. A bad layout or more train_tokens than the blend
     holds fail in a second. (Whether this machine can launch it is checked in the pass, before the launch:
     a model already trained elsewhere is reused here without one.)"""
-    from trainer.schedule import samples_needed
+    from trainer.schedule import check, global_batch, samples_needed, within_data
     from tasks.train.profiles import sized_profiles
     facts, vocab = blend_facts(ctx)
     seq = facts["seq_length"]
@@ -95,6 +96,10 @@ def check_run(p: PipelineParams, ctx: Context) -> tuple[dict, TrainParams, list[
     except ConfigError as e:  # name the profile, as sized_profiles does for the others
         raise ConfigError(f"train.profiles.{p.train.profile}: {e}") from None
     sized = sized_profiles(p.train, vocab, seq)
+    check(cfg.schedule, cfg.parallel)  # a bad ramp, and a batch larger than the blend: before any folder moves
+    if not within_data(cfg.schedule, cfg.parallel, seq, facts["samples"]).train_tokens:
+        raise ConfigError(f"profile {p.train.profile!r}: the blend has {facts['samples']:,} samples of {seq} tokens, "
+                          f"fewer than one global batch ({global_batch(0, cfg.schedule, cfg.parallel, seq):,})")
     identity = run_identity(cfg, ctx)
     # a blend smaller than the budget (tokenize builds train_tokens // seq_length samples for one) is refused
     # here, not at the last step it can take; one built for this budget whose last batch would run past it
