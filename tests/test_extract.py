@@ -349,6 +349,53 @@ def test_to_utf8_passes_valid_utf8_through_and_repairs_the_rest():
     assert repaired and fixed.decode("utf-8").startswith("caf")
 
 
+def test_to_utf8_decodes_as_browsers_do():
+    """A review of real pages against the WHATWG Encoding Standard and the HTML prescan (each case was mojibake,
+    a dropped page, or a crash of the whole stage)."""
+    from tasks.extract.html_text import to_utf8
+    korean = "서울의 날씨 예보입니다. 내일은 맑은 후 흐림, 최고 기온은 이십오 도로 예상됩니다. " * 3
+    page = lambda meta, text, codec: f"<html><head>{meta}</head><body><p>{text}</p></body></html>".encode(codec)  # noqa: E731
+    text = lambda got: got[0].decode()  # noqa: E731
+    # the charset only in <meta> (uchardet's "cp949" was read as utf-8, then cp1252: Latin mojibake tagged Spanish)
+    for meta in ('<meta charset="euc-kr">', '<meta http-equiv="Content-Type" content="text/html; charset=euc-kr">', ""):
+        assert korean in text(to_utf8(page(meta, korean, "cp949"), None)), meta
+    # labelled EUC-KR / Shift_JIS / Big5 / ISO-8859-9 / TIS-620: browsers decode the vendors' supersets
+    cases = {"euc-kr": ("똠방각하 " + korean, "cp949"), "ks_c_5601-1987": ("햏자 " + korean, "cp949"),
+             "shift_jis": ("株式会社①の説明、№５、㈱サンプル商事", "cp932"), "windows-31j": ("第②章", "cp932"),
+             "big5": ("峯景大廈和嘅字都係香港常用字", "big5hkscs"), "iso-8859-9": ("Türkiye’nin “Ankara”’dır — İstanbul", "cp1254"),
+             "tis-620": ("ประเทศไทย “สวัสดี” — กรุงเทพ", "cp874"), "gb2312": ("欢迎光临本站，祝您购物愉快！", "gb18030")}
+    for label, (want, codec) in cases.items():
+        assert to_utf8(want.encode(codec), label) == (want.encode(), False), label
+    # a <meta> charset Python and UTF-8 alone misread: 7-bit ISO-2022-JP passed as "UTF-8"; iso-8859-15's €
+    for meta, want in (("iso-2022-jp", "東京都の天気予報です。"), ("iso-8859-15", "Le menu coûte 15 €"), ("koi8-u", "Києва")):
+        body = page(f'<meta charset="{meta}">', want, meta)
+        assert want in text(to_utf8(body, None)) and not to_utf8(body, None)[1], meta
+    # a byte order mark wins over the label (UTF-16 read as ISO-8859-1 was dropped as binary)
+    welcome = "Welcome to the parish newsletter — café"
+    for bom, codec in ((b"\xff\xfe", "utf-16-le"), (b"\xfe\xff", "utf-16-be"), (b"\xef\xbb\xbf", "utf-8")):
+        assert text(to_utf8(bom + welcome.encode(codec), "iso-8859-1")) == welcome, codec
+    # UTF-8 with one stray byte (a Latin-1 no-break space, a crawl cut mid-character): one U+FFFD, not cp1252 mojibake
+    stray = ("It’s the town’s autumn market — café au lait and crème brûlée. " * 4).encode()
+    for body, label in ((stray[:40] + b"\xa0" + stray[40:], "utf-8"), (stray[:40] + b"\xa0" + stray[40:], None),
+                        (stray + "é".encode()[:1], None)):
+        got = text(to_utf8(body, label))
+        assert "It’s the town’s" in got and "crème brûlée" in got and got.count("\ufffd") == 1, got
+    # labels that name no charset are ignored as browsers ignore them (hex, base64, punycode crashed the stage)
+    for label in ("hex", "base64", "zip", "uu", "punycode", "rot13", "unicode_escape", "utf-8\x00", "utf-7"):
+        assert to_utf8(welcome.encode(), label) == (welcome.encode(), True), label
+
+
+def test_http_headers_end_where_they_end_and_folded_lines_go_on():
+    """LF-only headers before a CRLF body lost the body up to its first blank CRLF line (title, heading, first
+    paragraph); a folded header line (obs-fold) was dropped, and with it the charset it carried."""
+    from tasks.extract.warc_reader import parse_http
+    body = b"<html>\r\n<head><title>Council news</title></head>\r\n\r\n<body><p>Footpath approved</p></body></html>\r\n"
+    assert parse_http(b"HTTP/1.1 200 OK\nContent-Type: text/html\n\n" + body) == (200, {"content-type": "text/html"}, body)
+    status, headers, rest = parse_http(b"HTTP/1.1 200 OK\r\nContent-Type: text/html;\r\n\tcharset=euc-kr\r\n"
+                                       b"Server: x\r\n\r\n" + body)
+    assert headers == {"content-type": "text/html; charset=euc-kr", "server": "x"} and rest == body
+
+
 def test_sandbox_reports_a_result_that_is_not_plain_data_and_goes_on():
     w = TimeLimitedWorker("tests.sandbox_targets:not_plain_data")
     try:

@@ -11,31 +11,65 @@ Kept free of heavy imports (no pyarrow, pydantic, pandas) so a child starts in a
 from __future__ import annotations
 
 import codecs
+import re
 
 UTF8 = "utf-8"
 
 
-# The WHATWG Encoding Standard, which every browser follows, reads the labels iso-8859-1 (latin1, ...) and
-# us-ascii as windows-1252: pages so labelled are written in it. Read as Latin-1, their curly quotes, apostrophes
-# and dashes became C1 control characters (U+0092 for ’), which the filter counts as binary: dialogue-heavy pages
-# were dropped, the others kept with the controls in their text.
-_AS_BROWSERS_READ = {"iso8859-1": "cp1252", "ascii": "cp1252"}
+# The WHATWG Encoding Standard, which every browser follows, decodes these labels with a superset: pages so
+# labelled are written in it. Read as Latin-1, their curly quotes, apostrophes and dashes became C1 control
+# characters (U+0092 for ’), which the filter counts as binary; read as strict EUC-KR, Shift_JIS, GB2312 or Big5,
+# a page with one character of the vendors' extensions (똠, ①, HKSCS) failed and went to detection.
+_AS_BROWSERS_READ = {"iso8859-1": "cp1252", "ascii": "cp1252", "iso8859-9": "cp1254", "iso8859-11": "cp874",
+                     "tis-620": "cp874", "shift_jis": "cp932", "euc_kr": "cp949", "gb2312": "gb18030",
+                     "gbk": "gb18030", "big5": "big5hkscs", "utf-16": "utf-16-le"}
+# WHATWG labels Python's codecs do not know
+_WHATWG_ONLY = {"windows-31j": "cp932", "x-sjis": "cp932", "x-gbk": "gb18030", "x-euc-jp": "euc_jp",
+                "x-mac-cyrillic": "mac-cyrillic", "x-mac-ukrainian": "mac-cyrillic", "x-mac-roman": "mac-roman",
+                "dos-874": "cp874", "x-cp1250": "cp1250", "x-cp1251": "cp1251", "x-cp1252": "cp1252"}
 _CP1252_UNASSIGNED = {0xDC00 + b: b for b in (0x81, 0x8D, 0x8F, 0x90, 0x9D)}
+_BOMS = ((b"\xef\xbb\xbf", UTF8), (b"\xfe\xff", "utf-16-be"), (b"\xff\xfe", "utf-16-le"))
+# the HTML prescan's two forms in the first 1024 bytes: <meta charset=x>, <meta http-equiv=... content="...; charset=x">
+_META_CHARSET = re.compile(rb"<meta\b[^>]*?\bcharset\s*=\s*[\"']?\s*([A-Za-z0-9._:-]+)", re.I)
+
+
+def codec_of(label: str | bytes | None) -> str | None:
+    """The Python codec a browser decodes a charset label with; None for no label or one that names no
+    text encoding (browsers ignore those: "hex", "base64", "zip" are Python codecs, not charsets)."""
+    if isinstance(label, bytes):
+        label = label.decode("ascii", "replace")
+    if not label:
+        return None
+    label = label.strip().lower()
+    try:
+        info = codecs.lookup(_WHATWG_ONLY.get(label, label))
+    except (LookupError, ValueError):
+        return None
+    if not info._is_text_encoding or info.name.endswith(("escape", "punycode", "idna", "utf-7")):
+        return None
+    return _AS_BROWSERS_READ.get(info.name, info.name)
+
+
+def _decode(body: bytes, codec: str, errors: str = "strict") -> bytes:
+    if codec == "cp1252":  # as browsers: its 5 unassigned bytes are the C1 controls of the same value
+        return body.decode(codec, "surrogateescape").translate(_CP1252_UNASSIGNED).encode(UTF8, "replace")
+    return body.decode(codec, errors).encode(UTF8, "replace")
 
 
 def to_utf8(body: bytes, declared: str | None) -> tuple[bytes, bool]:
-    """(UTF-8 bytes, repaired): decode with the declared charset; if it is missing, unknown or
-    wrong, try UTF-8, then detect. Valid UTF-8 is passed through without a copy. A body that is valid
-    UTF-8 with non-ASCII characters is UTF-8 whatever it declares (servers label UTF-8 pages
-    iso-8859-1 by default, and latin-1 decodes any bytes, so trusting it makes mojibake): legacy
-    text practically never forms valid multi-byte UTF-8 sequences throughout. UTF-16/32 labels are trusted."""
-    codec = None
-    if declared:
-        try:
-            codec = codecs.lookup(declared).name
-        except LookupError:
-            pass
-        codec = _AS_BROWSERS_READ.get(codec, codec)
+    """(UTF-8 bytes, repaired), in a browser's order (WHATWG "decode" and HTML's prescan): a byte order mark,
+    then the declared charset, then a <meta> charset; if none holds, UTF-8, then detection. Valid UTF-8 is
+    passed through without a copy. A body that is valid UTF-8 with non-ASCII characters is UTF-8 whatever it
+    declares (servers label UTF-8 pages iso-8859-1 by default, and latin-1 decodes any bytes, so trusting it
+    makes mojibake): legacy text practically never forms valid multi-byte UTF-8 sequences throughout.
+    UTF-16 labels are trusted. Repaired: the page's own labels did not give its text."""
+    for bom, codec in _BOMS:
+        if body.startswith(bom):
+            return body[len(bom):].decode(codec, "replace").encode(UTF8), codec_of(declared) != codec
+    codec = codec_of(declared)
+    if codec is None and (meta := _META_CHARSET.search(body, 0, 1024)):
+        codec = codec_of(meta.group(1))
+        codec = None if codec is not None and codec.startswith(("utf-16", "utf-32")) else codec  # ASCII-read: not 16-bit
     if codec is not None and codec != UTF8:
         if not codec.startswith(("utf-16", "utf-32")) and not body.isascii():
             try:
@@ -43,19 +77,22 @@ def to_utf8(body: bytes, declared: str | None) -> tuple[bytes, bool]:
                 return body, True  # mislabelled UTF-8
             except UnicodeDecodeError:
                 pass
-        if codec == "cp1252":  # as browsers: its 5 unassigned bytes are the C1 controls of the same value
-            return body.decode(codec, "surrogateescape").translate(_CP1252_UNASSIGNED).encode(UTF8), False
         try:
-            return body.decode(codec).encode(UTF8), False
-        except UnicodeDecodeError:
+            return _decode(body, codec), False
+        except UnicodeError:
             pass
     try:
         body.decode(UTF8)
         return body, declared is not None and codec != UTF8
     except UnicodeDecodeError:
-        from resiliparse.parse.encoding import bytes_to_str, detect_encoding
+        pass
+    from resiliparse.parse.encoding import detect_encoding
 
-        return bytes_to_str(body, detect_encoding(body)).encode(UTF8, "replace"), True
+    # uchardet's own name: resiliparse's WHATWG table knows no "cp949"/"uhc" and answered utf-8 for Korean
+    found = codec_of(detect_encoding(body, html5_compatible=False)) or "cp1252"
+    if found == UTF8:  # UTF-8 with a stray byte (or cut mid-character): one U+FFFD
+        return body.decode(UTF8, "replace").encode(UTF8), True
+    return _decode(body, found, "replace"), True
 
 
 def extract_main_text(item: tuple[bytes, str]) -> str:
