@@ -42,6 +42,33 @@ def test_clueweb09_warc_018_lf_only_wrong_lengths(tmp_path):
         assert text in d["text"] and "WARC/0.18" not in d["text"] and "HTTP/1.1" not in d["text"]
 
 
+def test_content_codings_as_warcio_and_browsers_read_them():
+    """A review against warcio's content_stream: values that name no coding dropped plain pages; "gzip, gzip" on
+    a body gzipped once returned the still-gzipped input; zstd was not decoded; brotli had no bomb limit (1.6 KB
+    became 1 GiB) and a br body cut by the crawler was dropped where cut gzip and deflate ones are kept."""
+    import gzip
+
+    import brotli
+    import zstandard
+
+    from tasks.extract.http_body import MAX_DECODED, decode_content
+    page = b"<html><body><p>" + b"The parish council met on Tuesday. " * 200 + b"</p></body></html>"
+    for value in ("UTF-8", "text/html", "binary"):
+        assert decode_content(page, value) == (page, "encoding_header_plain_body"), value
+    assert decode_content(gzip.compress(page, mtime=0), "gzip, gzip") == (page, "content_decoded")
+    assert decode_content(zstandard.ZstdCompressor().compress(page), "zstd") == (page, "content_decoded")
+    rng = random.Random(1)
+    varied = b"<html><body><p>" + b" ".join(rng.choice([b"parish", b"council", b"met", b"on", b"Tuesday", b"road"])
+                                             for _ in range(3000)) + b"</p></body></html>"
+    whole = brotli.compress(varied)
+    cut, outcome = decode_content(whole[:len(whole) * 2 // 3], "br")
+    assert outcome == "content_decoded" and varied.startswith(cut) and len(cut) > len(varied) // 2
+    bomb = brotli.compress(b"<p>" + b"\0" * (MAX_DECODED * 2), quality=1)
+    out, outcome = decode_content(bomb, "br")
+    assert outcome == "content_decoded" and len(out) == MAX_DECODED
+    assert decode_content(b"\x8b\x02\x80" + bytes(range(256)) * 4, "gzip, x-compress")[1] == "content_undecodable"
+
+
 def test_heritrix_warc_017_and_bracketed_uri(tmp_path):
     data, html, texts = fx.heritrix_2008(4)
     st, docs = extract(tmp_path, "iah.warc.gz", data)

@@ -52,18 +52,48 @@ def _inflate(body: bytes, wbits: int) -> bytes | None:
 
 
 def _brotli(body: bytes) -> bytes | None:
+    """Brotli, at most MAX_DECODED bytes (brotli.decompress has no limit: 1.6 KB became 1 GiB). A body cut
+    short (WARC-Truncated) keeps what arrived, as gzip's and deflate's do; a corrupt one is None."""
     import brotli
 
+    d, out, size = brotli.Decompressor(), [], 0
     try:
-        return brotli.decompress(body)
+        piece = d.process(body, output_buffer_limit=MAX_DECODED)
+        while True:
+            out.append(piece)
+            size += len(piece)
+            if size >= MAX_DECODED or d.can_accept_more_data():
+                break
+            piece = d.process(b"", output_buffer_limit=MAX_DECODED - size)
     except brotli.error:
         return None
+    return b"".join(out)[:MAX_DECODED] or None
+
+
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def _zstd(body: bytes) -> bytes | None:
+    """Zstandard (RFC 8878, Content-Encoding: zstd), at most MAX_DECODED bytes; a cut body keeps what arrived."""
+    import io
+
+    import zstandard
+
+    out, size = [], 0
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(body), read_across_frames=True) as r:
+            while size < MAX_DECODED and (piece := r.read(min(1 << 20, MAX_DECODED - size))):
+                out.append(piece)
+                size += len(piece)
+    except zstandard.ZstdError:
+        pass
+    return b"".join(out) or None
 
 
 def decode_content(body: bytes, encoding: str) -> tuple[bytes | None, str]:
     """(body or None, outcome) for a `Content-Encoding` header value. Outcomes: "identity",
-    "content_decoded", "encoding_header_plain_body" (the bytes were not encoded), or
-    "content_undecodable" (body None: encoded but broken, or an unknown encoding)."""
+    "content_decoded", "encoding_header_plain_body" (the bytes were not encoded, or the value names no
+    coding), or "content_undecodable" (body None: encoded but broken, or in an unknown coding)."""
     codings = [c.strip().lower() for c in encoding.split(",") if c.strip()]
     codings = [c for c in codings if c not in ("identity", "none")]
     if not codings:
@@ -76,10 +106,14 @@ def decode_content(body: bytes, encoding: str) -> tuple[bytes | None, str]:
             out = None if _looks_plain(decoded) else (_inflate(decoded, 15) or _inflate(decoded, -15))
         elif coding == "br":  # no magic number: plain-looking bytes are not tried as brotli
             out = None if _looks_plain(decoded) else _brotli(decoded)
-        else:
-            return None, "content_undecodable"
-        if out is None:
-            return (body, "encoding_header_plain_body") if _looks_plain(decoded) else (None, "content_undecodable")
+        elif coding == "zstd":
+            out = _zstd(decoded) if decoded.startswith(ZSTD_MAGIC) else None
+        else:  # "UTF-8", "text/html", "binary", "chunked": not a coding; as warcio and browsers, the bytes are kept
+            out = None
+        if out is None:  # a layer not applied ("gzip, gzip" on a body gzipped once): the layers undone so far
+            if not _looks_plain(decoded):
+                return None, "content_undecodable"
+            return decoded, "encoding_header_plain_body" if decoded is body else "content_decoded"
         decoded = out
     return decoded, "content_decoded"
 
