@@ -3,8 +3,13 @@ C4's line edits, exemptions per dataset, the bad inputs the issue names, and the
 against a plain-Python computation of the same formulas (datatrove's)."""
 from __future__ import annotations
 
+import os
 import random
 import re
+import shutil
+import subprocess
+import sys
+import textwrap
 from collections import Counter
 
 import numpy as np
@@ -16,6 +21,7 @@ from tasks.filter import tokens as tok
 from tasks.filter.config import FilterParams
 from tasks.filter.rules import apply_rules, reason_names
 from tasks.sample.text import TOPICS, paragraphs
+from tests.conftest import REPO
 
 ARTICLE = "\n\n".join(paragraphs(random.Random(3), "rivers", 5))
 
@@ -85,6 +91,26 @@ def test_sentences_are_counted_as_spacys_sentencizer_counts_them():
     assert [count_sentences(line.replace(" ", sep)) for sep in (" ", "\u00a0", "\t", "\u2009")] == [4] * 4
 
 
+def test_web_text_is_counted_as_spacy_and_datatrove_count_it():
+    """Real-web reviews against datatrove 0.10.1 (spaCy 3): a number's period, a price's or a domain's ended no
+    sentence; phone numbers, scores and units were one token, slug URLs many; blank lines holding a no-break
+    space (WordPress's <p>&nbsp;</p>) or a "\r" counted as duplicated lines and paragraphs."""
+    from tasks.filter.c4 import count_sentences
+    lines = {"Prices start at $3.99. Shipping is free over $50.": 2, "Go to example.com/signup. Fill in the form. Submit it.": 3,
+             "Version v2.1.3. It fixes the crash.": 2, "It won 2-0. The fans cheered.": 2, "J. R. R. Tolkien wrote it.": 1,
+             "He has a Ph.D. in physics.": 1}
+    assert {line: count_sentences(line) for line in lines} == lines
+    spacy = {"Call 555-123-4567 today.": 8, "It won 2-0.": 6, "Open 10am to 12pm.": 7, "100km at 20 km/h": 7,
+             "See https://www.example.com/news/some-long-slug-here).": 4, "Read example.com/path-to-thing now": 3,
+             "Mail user@mail-host.com.": 3, "N/A and/or COVID-19 mid-2020": 6, "costs.So $3.99. Ph.D. USA. J.": 10}
+    got = ts.text_stats(pa.array(list(spacy)), [2], [5])[:, ts.TOKENS]  # the counts are spaCy's own
+    assert dict(zip(spacy, got.tolist())) == spacy
+    article = ARTICLE.split("\n\n")
+    for blank in ("\n\u00a0\n", "\r\n\r\n", "\n \n"):
+        page = blank.join(article) if blank != "\n\u00a0\n" else "\n\n\u00a0\n\n".join(article)
+        assert run([{"text": page}])[0] == [""], repr(blank)
+
+
 def test_c4_with_no_sentence_minimum_drops_a_page_with_no_line_left():
     """c4.min_sentences: 0 (the way to turn the rule off) kept a page whose every line C4 removes as "", which
     went on to the classifier and the output, failing the stage's suite only after the whole run."""
@@ -119,11 +145,42 @@ def test_bad_inputs_never_crash():
 CONTRACTIONS = ("'s", "'m", "'d", "'ll", "'re", "'ve", "n't")
 
 
+UPPER = re.compile(r"[A-Z\u00c0-\u00d6\u00d8-\u00de]")
+LOWER = re.compile(r"[a-z\u00df-\u00f6\u00f8-\u00ff]")
+HOST = re.compile(r"[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[a-z]{2,}")
+UNIT = re.compile(r"(\d+)(%s)" % "|".join(map(re.escape, tok.UNITS)))
+CLOCK = re.compile(r"(0?[1-9]|1[0-2])(am|pm|AM|PM)")
+
+
 def tokens(text: str) -> list[str]:
-    """spaCy-like tokens as textstats' doc describes them, with regular expressions."""
+    """spaCy-like tokens as textstats' doc describes them, the plain way."""
     punct = lambda ch: tok.is_punct.py_func(ord(ch))  # noqa: E731
     letter = lambda ch: tok.is_alpha.py_func(ord(ch))  # noqa: E731
     run = re.compile(r"\.{2,}|'{2,}|-{2,}")
+
+    def url(w: str) -> bool:
+        host = re.split(r"[/?#]", w, maxsplit=1)[0].rsplit("@", 1)[-1]
+        return w.startswith("www.") or "://" in w or bool(HOST.fullmatch(host))
+
+    def kept(w: str) -> bool:  # the word before a final period keeps it
+        return (len(w) == 1 and letter(w)) or bool(UPPER.fullmatch(w[-1]) and not UPPER.fullmatch(w[-2])) \
+            or (len(w) % 2 == 1 and all(letter(c) for c in w[::2]) and set(w[1::2]) == {"."}) or w.lower() in tok.TITLES
+
+    def infix(w: str, i: int) -> int:
+        c = w[i]
+        if c == "\u2026":
+            return 1
+        if c in ".-" and i + 1 < len(w) and w[i + 1] == c:
+            return len(re.match(r"\.+|-+", w[i:]).group())
+        if i == 0 or i == len(w) - 1:
+            return 0
+        x, y = w[i - 1], w[i + 1]
+        return int(bool((c in "-\u2013\u2014~" and (letter(x) or x in "0123456789") and letter(y))
+                   or (c in "+-*^" and x in "0123456789" and (y in "0123456789-"))
+                   or (c in ":<>=/" and (letter(x) or x in "0123456789") and letter(y) and w.lower() != "and/or")
+                   or (c == "," and letter(x) and letter(y))
+                   or (c == "." and not w.endswith(".") and (LOWER.fullmatch(x) or x in "'\"") and UPPER.fullmatch(y))))
+
     out = []
     for w in text.split():
         pre, suf = [], []
@@ -131,12 +188,13 @@ def tokens(text: str) -> list[str]:
             k = m.end() if (m := run.match(w)) else 1
             pre.append(w[:k])
             w = w[k:]
+        scheme = url(w)
         while w:
             m = re.search(r"(\.{2,}|'{2,}|-{2,})$", w)
             if m and m.start() > 0:
                 k = len(w) - m.start()
             elif punct(w[-1]):
-                if w[-1] == "." and len(w) > 1 and ("." in w[:-1] or w[:-1].lower() in tok.TITLES):
+                if (w[-1] == "/" and scheme) or (w[-1] == "." and len(w) > 1 and kept(w[:-1])):
                     break
                 k = 1
             else:
@@ -146,19 +204,18 @@ def tokens(text: str) -> list[str]:
                     break
             suf.append(w[-k:])
             w = w[:-k]
-        core, piece, i = [], "", 0
-        while i < len(w):
-            c = w[i]
-            k = 1 if c == "\u2026" else 0
-            if c in ".-" and i + 1 < len(w) and w[i + 1] == c:
-                k = len(re.match(r"\.+|-+", w[i:]).group())
-            elif c == "-" and 0 < i < len(w) - 1 and letter(w[i - 1]) and letter(w[i + 1]):
-                k = 1
-            if k:
-                core += [x for x in (piece, w[i:i + k]) if x]
-                piece, i = "", i + k
-            else:
-                piece, i = piece + c, i + 1
+        if scheme or url(w):
+            core, piece = [], w
+        elif m := UNIT.fullmatch(w) or CLOCK.fullmatch(w):
+            core, piece = [m.group(1)], m.group(2)
+        else:
+            core, piece, i = [], "", 0
+            while i < len(w):
+                if k := infix(w, i):
+                    core += [x for x in (piece, w[i:i + k]) if x]
+                    piece, i = "", i + k
+                else:
+                    piece, i = piece + w[i], i + 1
         out += pre + core + ([piece] if piece else []) + suf[::-1]
     return out
 
@@ -199,7 +256,10 @@ def test_compiled_statistics_match_the_plain_formulas(seed):
     pieces = [" ".join(paragraphs(rng, "cooking", 1)), "Home", "- item one", "\u2022 item two...", "Caf\u00e9 cr\u00e8me \u2026",
               "#hashtag ... end", "the the the of of", "\u00a0indented line", "",
               '"Don\'t," she said. \u201cI\u2019m sure...\u201d', "U.S. Mr. Smith's well-known costs--but (no).",
-              "''quoted'' ...and--then it's... \u2014 co. e.g. 3-4 re-enter! ?!", "they'll we've you're I'd Jones'"]
+              "''quoted'' ...and--then it's... \u2014 co. e.g. 3-4 re-enter! ?!", "they'll we've you're I'd Jones'",
+              "Call 555-123-4567 at 10am, $3.99. Ph.D. J. USA. km/h and/or N/A 100km 5GB costs.So a,b COVID-19",
+              "See https://example.com/a-b-c/ (www.ex-ample.org/x-y), user@mail-host.com. and example.com.",
+              "\u00a0\r", " \r\n \n", "line\r\nline\r"]
     texts = []
     for _ in range(20):
         parts = [rng.choice(pieces) for _ in range(rng.randint(1, 12))]
@@ -208,8 +268,9 @@ def test_compiled_statistics_match_the_plain_formulas(seed):
     for row, text in zip(s, texts):
         words = tokens(text)
         core = [w for w in words if any(not tok.is_punct.py_func(ord(c)) for c in w)]
-        paras = re.split(r"\n{2,}", text.strip())
-        lines = re.split(r"\n+", text)
+        # \n{2,} and \n+ as datatrove splits, with blank lines of whitespace and \r\n part of the break
+        paras = re.split(r"\r?\n(?:[^\S\n]*\n)+", text.strip())
+        lines = re.split(r"\r?\n(?:[^\S\n]*\n)*(?:[^\S\n]*\Z)?", text)
         want = {ts.TOKENS: len(words), ts.WORDS: len(core), ts.WORD_CHARS: sum(map(len, core)),
                 ts.ALPHA_TOKENS: sum(any(c.isalpha() for c in w) for w in core), ts.HASHES: text.count("#"),
                 ts.ELLIPSES: text.count("...") + text.count("\u2026"), ts.LINES: len(text.splitlines()),
@@ -223,3 +284,29 @@ def test_compiled_statistics_match_the_plain_formulas(seed):
         assert list(row[ts.N_FIXED:]) == [top(words, 2), top(words, 3), top(words, 4), repeated(words, 5),
                                           repeated(words, 6), repeated(words, 10)], text
     assert np.all(s >= 0)
+
+
+SPLIT_LINES = """
+    import numpy as np
+    from tasks.filter import textstats as ts
+    cp = np.array([ord(c) for c in "one\\n\\u00a0\\ntwo"], np.int64)
+    starts, ends = np.zeros(8, np.int64), np.zeros(8, np.int64)
+    print(ts._split_newline_runs(cp, 0, len(cp), 1, starts, ends))
+"""
+
+
+def test_an_update_of_the_token_rules_alone_is_compiled_into_the_statistics(tmp_path):
+    """numba's cache watches a compiled function's own file only: after an update that changed tokens.py
+    alone, the statistics went on running the old rules from the cache."""
+    for f in ("tasks/__init__.py", "tasks/core/__init__.py", "tasks/core/numba_cache.py", "tasks/filter/__init__.py",
+              "tasks/filter/textstats.py", "tasks/filter/tokens.py"):
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / f, tmp_path / f)
+    lines = lambda: subprocess.run([sys.executable, "-c", textwrap.dedent(SPLIT_LINES)], cwd=tmp_path,  # noqa: E731
+                                   env={**os.environ, "PYTHONPATH": str(tmp_path)}, capture_output=True, text=True,
+                                   timeout=300)
+    assert lines().stdout.split() == ["2"]  # the no-break space's line is blank: part of the line break
+    tokens = tmp_path / "tasks/filter/tokens.py"
+    tokens.write_text(tokens.read_text().replace("c == 0xA0 or ", ""))  # an update: no longer a space
+    out = lines()
+    assert out.stdout.split() == ["3"], out.stderr[-2000:]

@@ -9,7 +9,8 @@ from tasks.filter.passes import (BINS, aside_shard, build_classifier, check_clas
 from tasks.filter.textstats import N_FIXED
 
 NAME = "filter"
-RULES_VERSION = 2  # part of the rules pass's fingerprint: change it when a rule's computation changes (2: spaCy-like tokens)
+RULES_VERSION = 3  # part of the rules pass's fingerprint: change it when a rule's computation changes
+# (2: spaCy-like tokens; 3: spaCy's infixes, URLs, units and number periods; blank lines of whitespace)
 
 
 def rule_params(p: PipelineParams) -> dict:

@@ -5,8 +5,10 @@ most of its filtering time; a byte loop needs neither).
 Tokens follow spaCy's English tokenizer (what datatrove's Gopher filters count) closely enough for its
 decisions: whitespace-separated chunks; leading and trailing punctuation split off one character per
 token, except runs of "..", "''" and "--" (one token each) and the period of an abbreviation ("U.S.",
-"Mr."); the contractions 's 'm 'd 'll 're 've n't split off as words ("don't" is "do" "n't"); inside a
-word, "...", "--" and a hyphen between letters are tokens of their own ("well-known" is three). A word
+"Mr.", "J.": tokens.keeps_period; a number's or a domain's period is a token, "$3.99" "."); the
+contractions 's 'm 'd 'll 're 've n't split off as words ("don't" is "do" "n't"); a URL is one token
+("example.com/a-b-c"); a number and its unit are two ("100km", "10pm"); other words split at spaCy's
+infixes (tokens.infix_length: "well-known", "555-1234", "km/h", "costs.So"). A word
 is a token with a character that is not punctuation. On 6,300 real documents (LAMBADA, BoolQ, RACE, the
 sample's crawl) GopherQualityFilter's decisions agree with these counts on 99% (whitespace words with one
 punctuation token per side: 89% on LAMBADA's dialogue). Lengths are in code points, as Python's len(). Repetition elements (paragraphs,
@@ -14,11 +16,15 @@ lines, n-grams) are compared by 64-bit hashes; a collision needs ~2^32 distinct 
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numba
 import numpy as np
 
-from tasks.filter.tokens import (FNV_PRIME, contraction_length, decode_utf8, fnv, is_alpha, is_letter, is_punct,
-                                is_space, keeps_period, punct_run, punct_run_back, span_hash)
+from tasks.core.numba_cache import recompile_when_changed
+from tasks.filter.tokens import (FNV_PRIME, contraction_length, decode_utf8, fnv, infix_length, is_alpha, is_punct,
+                                is_space, keeps_period, looks_like_url, punct_run, punct_run_back, span_hash,
+                                unit_split)
 
 # columns of the per-document statistics
 (TOKENS, WORDS, WORD_CHARS, ALPHA_TOKENS, HASHES, ELLIPSES, LINES, BULLET_LINES, ELLIPSIS_LINES, STOP_WORDS,
@@ -67,17 +73,30 @@ def _dups(cp, starts, ends, n, table, used):  # pragma: no cover - compiled
 @numba.njit(cache=True)
 def _split_newline_runs(cp, lo, hi, min_run, starts, ends):  # pragma: no cover - compiled
     """The spans of cp[lo:hi] between runs of at least `min_run` newlines, as re.split(r"\n{min_run,}")
-    (empty leading / trailing elements included); returns how many."""
+    (empty leading / trailing elements included); returns how many. Unlike that regex (datatrove's), a
+    line of whitespace alone ("\xa0" from a page's <p>&nbsp;</p> spacers, a space) is part of the run and
+    "\r\n" is one newline: as elements of their own, the blank lines counted as duplicates and dropped
+    clean posts and CRLF files as repetitive."""
     n, s, k = 0, lo, lo
     while k < hi:
-        run = 0
-        while k + run < hi and cp[k + run] == 10:
+        if cp[k] != 10:
+            k += 1
+            continue
+        end = k - 1 if k > s and cp[k - 1] == 13 else k
+        run, j = 0, k
+        while j < hi and cp[j] == 10:
             run += 1
+            j += 1
+            t = j  # a whitespace-only line up to the next newline (or the end) belongs to the run
+            while t < hi and cp[t] != 10 and is_space(cp[t]):
+                t += 1
+            if t == hi or cp[t] == 10:
+                j = t
         if run >= min_run:
-            starts[n], ends[n] = s, k
+            starts[n], ends[n] = s, end
             n += 1
-            s = k + run
-        k += max(run, 1)
+            s = j
+        k = j
     starts[n], ends[n] = s, hi
     return n + 1
 
@@ -113,8 +132,9 @@ def _doc_stats(cp, m, row, top_ns, dup_ns, stop_hashes, tok_h, tok_len, starts, 
         if is_space(cp[i]):
             i += 1
             continue
-        s = i
+        s, marks = i, False  # marks: a "." or ":" the chunk needs to be a URL (most words have neither)
         while i < m and not is_space(cp[i]):
+            marks = marks or cp[i] == 46 or cp[i] == 58
             i += 1
         e, a = i, s
         while a < e and is_punct(cp[a]):  # prefixes, one per character (a run of . ' - as one)
@@ -123,10 +143,13 @@ def _doc_stats(cp, m, row, top_ns, dup_ns, stop_hashes, tok_h, tok_len, starts, 
             a += k
         if a == e:
             continue
+        scheme = marks and looks_like_url(cp, a, e)  # "https://x.org/": its closing "/" stays, as in spaCy
         b, nc = e, 0  # suffixes, right to left; their starts go to `starts` (free until the paragraphs)
         while b > a:
             c = cp[b - 1]
             if is_punct(c):
+                if c == 47 and scheme:
+                    break
                 k = punct_run_back(cp, a, b)
                 if k == 1 and c == 46 and b - 1 > a and keeps_period(cp, a, b - 1):
                     break
@@ -137,16 +160,15 @@ def _doc_stats(cp, m, row, top_ns, dup_ns, stop_hashes, tok_h, tok_len, starts, 
             b -= k
             starts[nc] = b
             nc += 1
-        p, q = a, a  # the word, split at infixes
+        p, q = a, a  # the word, split at infixes (none in a URL; a number and its unit are two tokens)
+        whole = scheme or (marks and looks_like_url(cp, a, b))
+        u = 0 if whole else unit_split(cp, a, b)
+        if u > 0:
+            nt = _token(cp, a, u, nt, row, stop_hashes, tok_h, tok_len)
+            p = u
+        q = b if whole or u > 0 else a
         while q < b:
-            c = cp[q]
-            k = 0
-            if c == 0x2026:
-                k = 1
-            elif (c == 46 or c == 45) and q + 1 < b and cp[q + 1] == c:
-                k = punct_run(cp, q, b)
-            elif c == 45 and q > a and q + 1 < b and is_letter(cp[q - 1]) and is_letter(cp[q + 1]):
-                k = 1
+            k = infix_length(cp, a, b, q) if is_punct(cp[q]) else 0  # every infix is punctuation
             if k == 0:
                 q += 1
                 continue
@@ -197,7 +219,7 @@ def _doc_stats(cp, m, row, top_ns, dup_ns, stop_hashes, tok_h, tok_len, starts, 
         if b > s and (cp[b - 1] == 0x2026 or (b - s >= 3 and cp[b - 1] == 46 and cp[b - 2] == 46 and cp[b - 3] == 46)):
             row[ELLIPSIS_LINES] += 1
         s = e + (2 if e + 1 < m and cp[e] == 13 and cp[e + 1] == 10 else 1)
-    # ---- paragraphs: text.strip() split on \n{2,} ----
+    # ---- paragraphs: text.strip() split on \n{2,} (blank lines of whitespace too, _split_newline_runs) ----
     lo, hi = 0, m
     while lo < hi and is_space(cp[lo]):
         lo += 1
@@ -206,7 +228,7 @@ def _doc_stats(cp, m, row, top_ns, dup_ns, stop_hashes, tok_h, tok_len, starts, 
     n = _split_newline_runs(cp, lo, hi, 2, starts, ends)
     row[PARAS] = n
     row[DUP_PARAS], row[DUP_PARA_CHARS] = _dups(cp, starts, ends, n, table, used)
-    # ---- lines: text split on \n+ (leading / trailing empty elements included, as re.split) ----
+    # ---- lines: text split on \n+ (leading / trailing empty elements included, as re.split; _split_newline_runs) ----
     n = _split_newline_runs(cp, 0, m, 1, starts, ends)
     row[NL_LINES] = n
     row[DUP_LINES], row[DUP_LINE_CHARS] = _dups(cp, starts, ends, n, table, used)
@@ -302,3 +324,8 @@ def text_stats(texts, top_ns, dup_ns) -> np.ndarray:
         _batch(buf, offsets.astype(np.int64), np.asarray(top_ns, np.int64), np.asarray(dup_ns, np.int64),
                STOP_HASHES, out)
     return out
+
+
+# their compiled code holds tokens.py's rules, which numba's cache does not watch (tasks.core.numba_cache)
+recompile_when_changed((_seen, _clear, _dups, _split_newline_runs, _token, _doc_stats, _batch),
+                       [Path(__file__).with_name("tokens.py")])

@@ -16,9 +16,16 @@ def fnv(word: str) -> int:
     return h
 
 
-# abbreviations whose period spaCy keeps (lower-cased; a word with a period inside, "U.S.", keeps it too)
+# abbreviations whose period spaCy keeps (lower-cased; its tokenizer exceptions), beside the shapes of keeps_period
 TITLES = ("mr", "mrs", "ms", "dr", "jr", "sr", "st", "prof", "vs", "inc", "ltd", "co", "mt")
 TITLE_HASHES = np.array([fnv(w) for w in TITLES], dtype=np.uint64)
+# spaCy's UNITS (spacy/lang/char_classes.py, the Latin ones): split off a number they follow ("100km" is 2 tokens)
+UNITS = ("km", "km²", "km³", "m", "m²", "m³", "dm", "dm²", "dm³", "cm", "cm²", "cm³", "mm", "mm²", "mm³", "ha", "µm",
+         "nm", "yd", "in", "ft", "kg", "g", "mg", "µg", "t", "lb", "oz", "m/s", "km/h", "kmh", "mph", "hPa", "Pa",
+         "mbar", "mb", "MB", "kb", "KB", "gb", "GB", "tb", "TB", "T", "G", "M", "K")
+UNIT_HASHES = np.array([fnv(w) for w in UNITS], dtype=np.uint64)
+CLOCK_HASHES = np.array([fnv(w) for w in ("am", "pm", "AM", "PM")], dtype=np.uint64)  # its "1am" ... "12pm" exceptions
+AND_OR = np.array([ord(c) for c in "and/or"], dtype=np.int64)  # its one exception with an infix "/"
 
 
 @numba.njit(cache=True, inline="always")
@@ -126,16 +133,136 @@ def contraction_length(cp, lo, hi):  # pragma: no cover - compiled
     return 0
 
 
+@numba.njit(cache=True, inline="always")
+def is_digit(c):
+    return 48 <= c <= 57
+
+
+@numba.njit(cache=True, inline="always")
+def is_upper(c):  # ASCII and Latin-1 capitals (the rules below ask it of the letter before a period)
+    return 65 <= c <= 90 or (0xC0 <= c <= 0xDE and c != 0xD7)
+
+
+@numba.njit(cache=True, inline="always")
+def is_lower(c):
+    return 97 <= c <= 122 or (0xDF <= c <= 0xFF and c != 0xF7)
+
+
 @numba.njit(cache=True)
 def keeps_period(cp, lo, hi):  # pragma: no cover - compiled
-    """cp[lo:hi] + "." keeps its period: a period inside ("U.S") or a title ("Mr")."""
+    """cp[lo:hi] + "." keeps its period, as spaCy's suffix rules and exceptions decide: a letter ("J.",
+    "a."), a capital after anything but a capital ("U.S.", "Ph.D.", "iPhoneX."), single letters between
+    periods ("e.g.", "a.m.") or a title ("Mr."). After a digit or a lower-case letter ("$3.99.", "v2.1.",
+    "example.com.") or two capitals ("USA.") the period is a token of its own, and ends a sentence."""
+    n = hi - lo
+    if n == 1:
+        return is_alpha(cp[lo])
+    if is_upper(cp[hi - 1]) and not is_upper(cp[hi - 2]):
+        return True
+    dotted = n % 2 == 1
+    for k in range(n):
+        if (k % 2 == 0 and not is_alpha(cp[lo + k])) or (k % 2 == 1 and cp[lo + k] != 46):
+            dotted = False
+    if dotted:
+        return True
     h = FNV_OFFSET
     for k in range(lo, hi):
-        if cp[k] == 46:
-            return True
         h = (h ^ np.uint64(ascii_lower(cp[k]))) * FNV_PRIME
     for k in range(len(TITLE_HASHES)):
         if h == TITLE_HASHES[k]:
             return True
     return False
 
+
+@numba.njit(cache=True)
+def unit_split(cp, lo, hi):  # pragma: no cover - compiled
+    """Where a number ends and the unit spaCy splits off it begins ("100km", "5GB", "10pm"); 0 if none."""
+    d = lo
+    while d < hi and is_digit(cp[d]):
+        d += 1
+    if d == lo or d == hi:
+        return 0
+    h = span_hash(cp, d, hi)
+    for k in range(len(UNIT_HASHES)):
+        if h == UNIT_HASHES[k]:
+            return d
+    if d - lo <= 2:
+        hour = (cp[lo] - 48) * 10 + cp[lo + 1] - 48 if d - lo == 2 else cp[lo] - 48
+        if 1 <= hour <= 12:
+            for k in range(len(CLOCK_HASHES)):
+                if h == CLOCK_HASHES[k]:
+                    return d
+    return 0
+
+
+@numba.njit(cache=True)
+def looks_like_url(cp, lo, hi):  # pragma: no cover - compiled
+    """spaCy's URL match, roughly: a scheme ("https://"), "www.", or a host of letters, digits and
+    hyphens ending in "." and a lower-case top-level domain ("example.com/a-b", "user@mail-host.com").
+    A URL is one token: no infix splits it."""
+    if hi - lo >= 4 and cp[lo] == 119 and cp[lo + 1] == 119 and cp[lo + 2] == 119 and cp[lo + 3] == 46:
+        return True
+    for k in range(lo, hi - 2):
+        if cp[k] == 58 and cp[k + 1] == 47 and cp[k + 2] == 47:
+            return True
+    end = hi  # the host ends at the path, query or fragment
+    for k in range(lo, hi):
+        if cp[k] == 47 or cp[k] == 63 or cp[k] == 35:
+            end = k
+            break
+    start = lo
+    for k in range(lo, end):
+        if cp[k] == 64:
+            start = k + 1
+    last_dot = -1
+    for k in range(start, end):
+        c = cp[k]
+        if c == 46:
+            if k == start or k - 1 == last_dot:
+                return False
+            last_dot = k
+        elif not (is_digit(c) or 65 <= c <= 90 or 97 <= c <= 122 or c == 45):
+            return False
+    if last_dot < 0 or end - last_dot - 1 < 2:
+        return False
+    for k in range(last_dot + 1, end):
+        if not 97 <= cp[k] <= 122:
+            return False
+    return True
+
+
+@numba.njit(cache=True)
+def infix_length(cp, lo, hi, q):  # pragma: no cover - compiled
+    """Length of the infix token at cp[q] inside the word cp[lo:hi] (0 if none): spaCy's infixes, "…",
+    runs of ".." and "--"; a hyphen, en or em dash or ~ after a letter or digit and before a letter
+    ("well-known", "3-year"; not "COVID-19"); + - * ^ between digits ("555-1234", "2-0"); : < > = / after
+    a letter or digit and before a letter ("km/h", "N/A"; not "and/or"); a comma between letters; a
+    period between a lower-case letter and a capital ("costs.So"; not in an abbreviation, "Ph.D.")."""
+    c = cp[q]
+    if c == 0x2026:
+        return 1
+    if (c == 46 or c == 45) and q + 1 < hi and cp[q + 1] == c:
+        return punct_run(cp, q, hi)
+    if q == lo or q + 1 >= hi:
+        return 0
+    before, after = cp[q - 1], cp[q + 1]
+    if (c == 45 or c == 0x2013 or c == 0x2014 or c == 126) and (is_alpha(before) or is_digit(before)) \
+            and is_alpha(after):
+        return 1
+    if (c == 43 or c == 45 or c == 42 or c == 94) and is_digit(before) and (is_digit(after) or after == 45):
+        return 1
+    if (c == 58 or c == 60 or c == 62 or c == 61 or c == 47) and (is_alpha(before) or is_digit(before)) \
+            and is_alpha(after):
+        if c == 47 and hi - lo == len(AND_OR):
+            same = True
+            for k in range(len(AND_OR)):
+                if ascii_lower(cp[lo + k]) != AND_OR[k]:
+                    same = False
+            if same:
+                return 0
+        return 1
+    if c == 44 and is_alpha(before) and is_alpha(after):
+        return 1
+    if c == 46 and cp[hi - 1] != 46 and (is_lower(before) or before == 39 or before == 34) and is_upper(after):
+        return 1
+    return 0
