@@ -46,7 +46,7 @@ def test_each_complete_checkpoint_is_evaluated_once(tmp_path, benchmarks_dir):
     assert set(new[0]["metrics"]) == {"boolq/0-shot/acc", "wic/0-shot/acc"}
     assert history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, out, {}) == []  # nothing twice
     assert len(history.read_history(out)) == 2
-    assert (out / history.results_folder(new[1]["checkpoint"], history.settings_of(CFG)) / "results.json").is_file()
+    assert (out / history.results_folder(new[1]["checkpoint"], history.settings_of(CFG, benchmarks_dir)) / "results.json").is_file()
     (ckpts / "step-00000030.partial" / "meta.json").write_text(
         (ckpts / "step-00000020" / "meta.json").read_text().replace('"step": 20', '"step": 30'))
     (ckpts / "step-00000030.partial").rename(ckpts / "step-00000030")  # the save completes
@@ -72,12 +72,32 @@ def test_other_settings_evaluate_every_checkpoint_again_and_the_history_shows_on
     same = CFG.model_copy(update={"token_budget": 4096, "device": "cpu", "generation": CFG.generation.model_copy(
         update={"max_new_tokens": 4})})
     assert history.evaluate_new(ckpts, tok, same, benchmarks_dir, out, {}) == []
-    shown = history.current(history.read_history(out), CFG)
+    shown = history.current(history.read_history(out), CFG, benchmarks_dir)
     assert shown == first
-    text = history_markdown(shown, 0, history.settings_of(CFG), 4)
+    text = history_markdown(shown, 0, history.settings_of(CFG, benchmarks_dir), 4)
     assert "Evaluated with: boolq, wic; 0-shot; 4 docs per task; seed 1234." in text
     assert "4 earlier entries of history.jsonl, evaluated with other settings, are not shown." in text
     assert "piqa" not in text
+
+
+def test_other_task_files_evaluate_every_checkpoint_again(tmp_path, benchmarks_dir):
+    """A review: paths.benchmarks_dir pointed at another copy of the sets (the official HellaSwag for the derived
+    one), the scheduled pass evaluated nothing and the curve went on joining scores of the old files."""
+    ckpts, tok = make_run(tmp_path)
+    out, other = tmp_path / "history", tmp_path / "other-benchmarks"
+    for task in ("boolq", "wic"):
+        shutil.copytree(Path(benchmarks_dir) / task, other / task)
+    assert [e["step"] for e in history.evaluate_new(ckpts, tok, CFG, other, out, {})] == [10, 20]
+    assert history.evaluate_new(ckpts, tok, CFG, other, out, {}) == []
+    dev = other / "boolq" / "dev.jsonl"
+    dev.write_text("".join(dev.read_text(encoding="utf-8").splitlines(keepends=True)[1:]), encoding="utf-8")
+    assert [e["step"] for e in history.evaluate_new(ckpts, tok, CFG, other, out, {})] == [10, 20]
+    # entries recorded before the task files were: kept as current (their files are not known), not evaluated again
+    lines = [json.loads(x) for x in (out / "history.jsonl").read_text().splitlines()]
+    for e in lines:
+        e["settings"].pop("data")
+    (out / "history.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    assert history.evaluate_new(ckpts, tok, CFG, other, out, {}) == []
 
 
 def test_entries_from_before_settings_were_recorded_count_when_their_tasks_and_shots_match(tmp_path, benchmarks_dir):
@@ -92,9 +112,9 @@ def test_entries_from_before_settings_were_recorded_count_when_their_tasks_and_s
                                                for e in lines))
     assert history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, out, {}) == []
     every = history.read_history(out)
-    assert len(history.current(every, CFG)) == 2
+    assert len(history.current(every, CFG, benchmarks_dir)) == 2
     assert "2 of them were evaluated before entries recorded their settings" in history_markdown(
-        history.current(every, CFG), 0, history.settings_of(CFG))
+        history.current(every, CFG, benchmarks_dir), 0, history.settings_of(CFG, benchmarks_dir))
     one_shot = CFG.model_copy(update={"shots": ["one"]})  # other shots: evaluated again
     assert [e["step"] for e in history.evaluate_new(ckpts, tok, one_shot, benchmarks_dir, out, {})] == [10, 20]
 

@@ -130,6 +130,27 @@ def test_packed_scoring_equals_one_forward_per_request(lm):
             assert math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-4) and ga == gb
 
 
+def test_the_scorer_keeps_no_request_past_its_window_nor_past_the_call(lm):
+    """A review: one Scorer for a whole evaluation kept the full-length token ids of every request it had seen
+    (MT-NLG's 50-shot prompts: ~20 GiB projected on a 23 GiB machine), where only each request's last
+    seq_len + 1 tokens are ever used."""
+    import tracemalloc
+    long = " ".join(TEXT * 40)
+    docs = [[(f"{i} {long}", " the dog."), (f"{i} {long}", " blue")] for i in range(60)]
+    scorer = Scorer(lm, progress=False)
+    encoded = scorer.encode(docs[:2])
+    assert all(len(ctx) == lm.params.seq_len + 1 and cut for pairs in encoded for ctx, _, cut in pairs)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        scored, cut = scorer.score_and_cut(docs)
+        kept = sum(d.size_diff for d in tracemalloc.take_snapshot().compare_to(before, "filename") if d.size_diff > 0)
+    finally:
+        tracemalloc.stop()
+    assert cut == [True] * 60 and all(x is not None for doc in scored for x in doc)
+    assert kept < 1 << 20, f"{kept:,} bytes kept after the call"
+
+
 def test_a_continuation_with_no_token_of_its_own_is_refused(lm):
     """lm-eval asserts on it; scored, it had no token to predict and counted as certain (log-likelihood 0,
     greedy), winning any multiple choice."""

@@ -69,16 +69,15 @@ def evaluate_task(scorer: Scorer, task: TaskData, shots: int, seed: int = 1234,
     except ConfigError as e:
         raise ConfigError(f"task {task.name}: {e}") from None
     requests = [docs[i].pairs(p) for i, p in zip(indices, prefixes)]
-    scored = scorer.score(requests, desc=f"{task.name} {shots}-shot")
+    scored, cut_docs = scorer.score_and_cut(requests, desc=f"{task.name} {shots}-shot")
     per_doc: dict[str, list[float]] = {m: [] for m in ("acc", "acc_norm", "loglik")}
     skipped = cut = 0
-    for i, lls, pairs in zip(indices, scored, requests):
+    for i, lls, was_cut in zip(indices, scored, cut_docs):
         doc = docs[i]
         if any(x is None for x in lls):
             skipped += 1
             continue
-        # the prompt cut from the left to the window (lm-eval's truncation): with shots, they go first
-        cut += any(len(c) + len(t) > scorer.window + 1 for c, t in scorer.encode_pairs(pairs))
+        cut += was_cut  # the prompt cut from the left to the window (lm-eval's truncation): shots go first
         if task.name == "lambada":
             (ll, greedy), = lls
             per_doc["acc"].append(float(greedy))

@@ -21,6 +21,7 @@ from typing import Callable, Iterator, Sequence
 from tasks.core.errors import InputFileError, StageBusy
 from tasks.core.passes import atomic_write_text
 from tasks.evaluate.config import EvaluateParams
+from tasks.evalsets.loaders import task_files
 from tasks.evaluate.run import RESULTS, run
 
 HISTORY = "history.jsonl"
@@ -34,13 +35,22 @@ def checkpoint_key(folder: Path) -> str:
     return f"{folder.name}:{hashlib.sha256((folder / 'meta.json').read_bytes()).hexdigest()[:12]}"
 
 
-def settings_of(cfg: EvaluateParams) -> dict:
-    """What an entry's metrics depend on besides the checkpoint: the tasks, each one's shot counts and the
-    docs drawn (limit, seed). Not the scoring batch, the device or the generation samples, which leave the
-    scores as they are."""
+def settings_of(cfg: EvaluateParams, benchmarks_dir: str | Path) -> dict:
+    """What an entry's metrics depend on besides the checkpoint: the tasks, each one's shot counts, the docs
+    drawn (limit, seed) and the task files (a hash of what the evaluate stage fingerprints: pointed at
+    another copy of the sets, the scheduled pass evaluated nothing and the curve joined scores of other
+    data). Not the scoring batch, the device or the generation samples, which leave the scores as they are."""
     tasks = sorted(set(cfg.tasks))
     return {"tasks": tasks, "shots": {t: sorted(set(cfg.shot_counts(t))) for t in tasks}, "limit": cfg.limit,
-            "seed": cfg.seed}
+            "seed": cfg.seed, "data": task_data(benchmarks_dir)}
+
+
+def task_data(benchmarks_dir: str | Path) -> str:
+    """A short hash of the task files' names and bytes."""
+    root, h = Path(benchmarks_dir), hashlib.sha256()
+    for f in task_files(root):
+        h.update(str(Path(f).relative_to(root)).encode() + b"\0" + hashlib.sha256(Path(f).read_bytes()).digest())
+    return h.hexdigest()[:16]
 
 
 def settings_key(settings: dict) -> str:
@@ -130,13 +140,15 @@ def unrecorded(entry: dict) -> bool:
     return "settings" not in entry
 
 
-def current(entries: list[dict], cfg: EvaluateParams) -> list[dict]:
-    """The entries evaluated with cfg's settings. An entry from before settings were recorded counts as one
-    when it scored the same tasks and shot counts (its limit and seed are not known): the upgrade neither
+def current(entries: list[dict], cfg: EvaluateParams, benchmarks_dir: str | Path) -> list[dict]:
+    """The entries evaluated with cfg's settings on these task files. An entry from before settings were
+    recorded counts as one when it scored the same tasks and shot counts (its limit and seed are not known),
+    and one from before the task files were recorded when its other settings are these: the upgrade neither
     evaluates every checkpoint again nor loses those that training has pruned since."""
-    settings = settings_of(cfg)
+    settings = settings_of(cfg, benchmarks_dir)
+    before_data = {k: v for k, v in settings.items() if k != "data"}
     scored = _scored(settings)
-    return [e for e in entries if e.get("settings") == settings
+    return [e for e in entries if e.get("settings") in (settings, before_data)
             or (unrecorded(e) and {k.rsplit("/", 1)[0] for k in e["metrics"]} == scored)]
 
 
@@ -157,10 +169,10 @@ def evaluate_new(checkpoints_dir: Path | Sequence[Path], tokenizer: Path, cfg: E
     from trainer.checkpoint import CheckpointUnreadable
     history_dir = Path(history_dir)
     new, damaged = [], []
-    settings = settings_of(cfg)
+    settings = settings_of(cfg, benchmarks_dir)
     dirs = [Path(checkpoints_dir)] if isinstance(checkpoints_dir, (str, Path)) else [Path(d) for d in checkpoints_dir]
     with _lock(history_dir):
-        done = {e["checkpoint"] for e in current(read_history(history_dir), cfg)}
+        done = {e["checkpoint"] for e in current(read_history(history_dir), cfg, benchmarks_dir)}
         # each folder listed when reached: a run moved to work.previous/ during the pass is found there
         for folder in (c for d in dirs for c in complete_checkpoints(d)):
             try:

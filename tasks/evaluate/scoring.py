@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
@@ -26,14 +27,27 @@ from tasks.core.errors import InputFileError
 from tasks.evaluate.model_io import LoadedModel
 
 HEAD_ROWS = 2048  # rows per vocabulary projection: bounds the [rows, vocab] logits in memory
+ENCODE_DOCS = 256  # docs tokenised at once (Scorer.encode)
+
+
+def _move_trailing_space(ctx: str, cont: str) -> tuple[str, str]:
+    """lm-eval's _encode_pair: the context's trailing whitespace goes to the continuation."""
+    n = len(ctx) - len(ctx.rstrip())
+    return (ctx[:-n], ctx[-n:] + cont) if n else (ctx, cont)
 
 
 @dataclass
 class _Sequence:
-    tokens: list[int]
-    positions: list[int]
-    segments: list[int]      # 0: the shared context (seen by all); i + 1: continuation i's own tokens
+    tokens: np.ndarray       # the shared context, then each continuation but its last token (int32)
+    context: int             # the shared context's tokens: positions 0.., segment 0 (seen by all)
+    extras: list[int] = field(default_factory=list)  # each packed continuation's inputs: positions from `context`
     targets: list[tuple[int, list[int], list[int]]] = field(default_factory=list)  # (pair, input idx, tokens)
+
+    def positions(self) -> np.ndarray:
+        return np.concatenate([np.arange(self.context)] + [np.arange(self.context, self.context + e) for e in self.extras])
+
+    def segments(self) -> np.ndarray:
+        return np.concatenate([np.zeros(self.context, np.int64)] + [np.full(e, i + 1) for i, e in enumerate(self.extras)])
 
 
 class Scorer:
@@ -42,95 +56,105 @@ class Scorer:
         self.window = lm.params.seq_len
         self.token_budget = max(token_budget, self.window)
         self.model = lm.model.to(self.device)
-        self._cache: dict[str, list[int]] = {}
 
     # ---- tokenisation (lm-eval's _encode_pair)
-    def _encode_all(self, texts: set[str]) -> None:
-        new = sorted(t for t in texts if t not in self._cache)
-        for text, enc in zip(new, self.lm.tokenizer.encode_batch(new, add_special_tokens=False)):
-            self._cache[text] = enc.ids
-
-    def encode_pairs(self, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
-        split = []
-        for ctx, cont in pairs:
-            n = len(ctx) - len(ctx.rstrip())
-            if n:
-                ctx, cont = ctx[:-n], ctx[-n:] + cont
-            split.append((ctx, cont))
-        self._encode_all({c for c, _ in split if c} | {c + t for c, t in split} | {t for c, t in split if not c})
+    def encode(self, docs_pairs: list[list[tuple[str, str]]]) -> list[list[tuple[np.ndarray, list[int], bool]]]:
+        """Per doc, per (context, continuation): the context's last seq_len + 1 tokens, the continuation's
+        tokens, and whether the request was cut from the left to the window. ENCODE_DOCS docs are tokenised at
+        a time and kept only as far as the window reaches: the full-length ids of every request, held for a
+        whole evaluation, were ~20 GiB for MT-NLG's shots (BoolQ 32-shot prompts average ~14,000 tokens)."""
         out = []
-        for ctx, cont in split:
-            if not ctx:  # lm-eval: an empty context is the end-of-text token, unless the continuation starts with it
-                t = self._cache[cont]
-                out.append((t[:1], t[1:]) if t and t[0] == self.lm.eod else ([self.lm.eod], t))
-            else:
-                c = self._cache[ctx]
-                out.append((c, self._cache[ctx + cont][len(c):]))
-            if not out[-1][1]:  # nothing to score: it would count as certain (lm-eval refuses it too)
-                raise InputFileError(f"the continuation {cont!r} after {ctx[-40:]!r} has no token of its own "
-                                     f"(empty, or merged into the context's last token): nothing to score")
+        for a in range(0, len(docs_pairs), ENCODE_DOCS):
+            split = [[_move_trailing_space(ctx, cont) for ctx, cont in pairs] for pairs in docs_pairs[a:a + ENCODE_DOCS]]
+            texts = sorted({c for pairs in split for c, _ in pairs if c} | {c + t for pairs in split for c, t in pairs}
+                           | {t for pairs in split for c, t in pairs if not c})
+            ids = dict(zip(texts, (e.ids for e in self.lm.tokenizer.encode_batch(texts, add_special_tokens=False))))
+            out.extend([self._pair(ctx, cont, ids) for ctx, cont in pairs] for pairs in split)
         return out
 
+    def _pair(self, ctx: str, cont: str, ids: dict[str, list[int]]) -> tuple[np.ndarray, list[int], bool]:
+        if not ctx:  # lm-eval: an empty context is the end-of-text token, unless the continuation starts with it
+            t = ids[cont]
+            c, t = (t[:1], t[1:]) if t and t[0] == self.lm.eod else ([self.lm.eod], t)
+        else:
+            c = ids[ctx]
+            t = ids[ctx + cont][len(c):]
+        if not t:  # nothing to score: it would count as certain (lm-eval refuses it too)
+            raise InputFileError(f"the continuation {cont!r} after {ctx[-40:]!r} has no token of its own "
+                                 f"(empty, or merged into the context's last token): nothing to score")
+        return np.asarray(c[-(self.window + 1):], np.int32), t, len(c) + len(t) > self.window + 1
+
     # ---- sequences
-    def _sequences(self, encoded: list[list[tuple[list[int], list[int]]]]) -> list[_Sequence]:
-        """`encoded[d]`: doc d's (context, continuation) token pairs; pair ids are numbered across docs.
-        A pair's input is its last seq_len + 1 tokens less the final one (lm-eval's left truncation), so
-        its effective context is what of the context stays in that window: the pairs of a doc with the
-        same effective context (all of them when nothing is truncated) share one sequence."""
+    def _sequences(self, encoded: list[list[tuple[np.ndarray, list[int], bool]]]) -> list[_Sequence]:
+        """`encoded[d]`: doc d's encoded pairs; pair ids are numbered across docs. A pair's input is its last
+        seq_len + 1 tokens less the final one (lm-eval's left truncation), so its effective context is what
+        of the context stays in that window: the pairs of a doc with the same effective context (all of
+        them when nothing is truncated) share one sequence."""
         seqs, pair_id = [], 0
         for pairs in encoded:
-            groups: dict[tuple[int, ...], list[tuple[int, list[int]]]] = {}
-            for ctx, cont in pairs:
+            groups: dict[bytes, tuple[np.ndarray, list[tuple[int, list[int]]]]] = {}
+            for ctx, cont, _ in pairs:
                 if len(cont) > self.window:  # cannot be scored in the window (lm-eval stops the run here)
                     pair_id += 1
                     continue
-                window = (ctx + cont)[-(self.window + 1):]
-                groups.setdefault(tuple(window[:len(window) - len(cont)]), []).append((pair_id, cont))
+                kept = ctx[max(0, len(ctx) + len(cont) - (self.window + 1)):]
+                groups.setdefault(kept.tobytes(), (kept, []))[1].append((pair_id, cont))
                 pair_id += 1
-            for ctx, conts in groups.items():
-                seqs.extend(self._packs(list(ctx), conts))
+            for ctx, conts in groups.values():
+                seqs.extend(self._packs(ctx, conts))
         return seqs
 
-    def _packs(self, ctx: list[int], conts: list[tuple[int, list[int]]]) -> list[_Sequence]:
+    def _packs(self, ctx: np.ndarray, conts: list[tuple[int, list[int]]]) -> list[_Sequence]:
         """The context once, then each continuation (all but its last token, which is only predicted),
         its positions continuing from the context's; a new sequence past twice the window."""
-        out: list[_Sequence] = []
+        out: list[tuple[int, list[np.ndarray], _Sequence]] = []  # (length so far, its pieces, the sequence)
         m = len(ctx)
         for pid, cont in conts:
             extra = max(len(cont) - 1, 0)
-            if not out or len(out[-1].tokens) + extra > max(2 * self.window, m + extra):
-                out.append(_Sequence(list(ctx), list(range(m)), [0] * m))
-            s = out[-1]
-            start, seg = len(s.tokens), len(s.targets) + 1
-            s.tokens += cont[:-1]
-            s.positions += range(m, m + extra)
-            s.segments += [seg] * extra
-            s.targets.append((pid, [m - 1] + list(range(start, start + extra)) if cont else [], cont))
-        return out
+            if not out or out[-1][0] + extra > max(2 * self.window, m + extra):
+                out.append((m, [ctx], _Sequence(ctx, m)))
+            start, pieces, s = out[-1]
+            pieces.append(np.asarray(cont[:-1], np.int32))
+            s.extras.append(extra)
+            s.targets.append((pid, [m - 1] + list(range(start, start + extra)), cont))
+            out[-1] = (start + extra, pieces, s)
+        for _, pieces, s in out:
+            s.tokens = np.concatenate(pieces)
+        return [s for _, _, s in out]
 
     # ---- scoring
     def score(self, docs_pairs: list[list[tuple[str, str]]], desc: str = "") -> list[list[tuple[float, bool] | None]]:
         """For each doc, for each of its (context, continuation): (log-likelihood, greedy), or None for a
         continuation longer than the model's window (no window holds it to score)."""
-        encoded = [self.encode_pairs(pairs) for pairs in docs_pairs]
+        return self.score_and_cut(docs_pairs, desc)[0]
+
+    def score_and_cut(self, docs_pairs: list[list[tuple[str, str]]], desc: str = ""
+                      ) -> tuple[list[list[tuple[float, bool] | None]], list[bool]]:
+        """score(), and for each doc whether a request of it was cut from the left to the window."""
+        encoded = self.encode(docs_pairs)
+        cut = [any(c for _, _, c in pairs) for pairs in encoded]
         seqs = self._sequences(encoded)
+        sizes = [len(pairs) for pairs in encoded]
+        del encoded
         order = sorted(range(len(seqs)), key=lambda i: (-len(seqs[i].tokens), i))
         results: dict[int, tuple[float, bool]] = {}
         batches, i = [], 0
         while i < len(order):
             width = len(seqs[order[i]].tokens)
             rows = max(1, self.token_budget // width)
-            batches.append([seqs[j] for j in order[i:i + rows]])
+            batches.append(order[i:i + rows])
             i += rows
         bar = tqdm(batches, desc=f"eval {desc}".strip(), unit="batch", disable=not self.progress, leave=False)
         with torch.inference_mode():
             for batch in bar:
-                results.update(self._score_batch(batch))
+                results.update(self._score_batch([seqs[j] for j in batch]))
+                for j in batch:  # scored: its tokens go
+                    seqs[j] = None
         out, k = [], 0
-        for pairs in encoded:
-            out.append([results.get(k + j) for j in range(len(pairs))])
-            k += len(pairs)
-        return out
+        for n in sizes:
+            out.append([results.get(k + j) for j in range(n)])
+            k += n
+        return out, cut
 
     def _score_batch(self, batch: list[_Sequence]) -> dict[int, tuple[float, bool]]:
         width = max(len(s.tokens) for s in batch)
@@ -139,8 +163,9 @@ class Scorer:
         segments = torch.full((len(batch), width), -1, dtype=torch.long)
         for b, s in enumerate(batch):
             n = len(s.tokens)
-            tokens[b, :n], positions[b, :n], segments[b, :n] = (torch.tensor(s.tokens), torch.tensor(s.positions),
-                                                                torch.tensor(s.segments))
+            tokens[b, :n], positions[b, :n], segments[b, :n] = (torch.from_numpy(s.tokens.astype(np.int64)),
+                                                                torch.from_numpy(s.positions()),
+                                                                torch.from_numpy(s.segments()))
         mask = None  # plain causal attention unless a sequence packs two or more continuations
         if segments.max() > 1:
             causal = torch.ones(width, width, dtype=torch.bool, device=self.device).tril()
