@@ -69,6 +69,26 @@ def test_content_codings_as_warcio_and_browsers_read_them():
     assert decode_content(b"\x8b\x02\x80" + bytes(range(256)) * 4, "gzip, x-compress")[1] == "content_undecodable"
 
 
+def test_a_whole_file_gzip_larger_than_a_record_may_be_is_read_record_by_record(tmp_path, monkeypatch):
+    """ClueWeb09's files are one gzip stream of ~1 GB: read as one member, a file past MAX_MEMBER lost every
+    record (a review with fastwarc, which streams them). Here with the limits scaled down 256 times."""
+    from tasks.extract import warc_reader
+    monkeypatch.setattr(warc_reader, "MAX_MEMBER", 1 << 20)
+    monkeypatch.setattr(warc_reader, "STREAM_AT", 1 << 18, raising=False)
+    data, n, texts = fx.clueweb09(1500)  # ~1.2 MB uncompressed
+    assert len(gzip.decompress(data)) > 1 << 20
+    records = list(iter_warc_bytes(tmp_path, data))
+    assert [r for r in records if isinstance(r, str)] == []
+    responses = [r for r in records if r.type == "response"]
+    assert [r.target_uri for r in responses] == [f"http://site{i}.example.com/" for i in range(n)]
+    assert all(t.encode() in r.payload for r, t in zip(responses, texts))
+
+
+def iter_warc_bytes(tmp_path: Path, data: bytes):
+    (tmp_path / "whole.warc.gz").write_bytes(data)
+    return iter_warc(tmp_path / "whole.warc.gz")
+
+
 def test_heritrix_warc_017_and_bracketed_uri(tmp_path):
     data, html, texts = fx.heritrix_2008(4)
     st, docs = extract(tmp_path, "iah.warc.gz", data)

@@ -16,6 +16,7 @@ from zlib_ng import zlib_ng as zlib  # the stdlib zlib API; inflates ~1.5x faste
 GZIP_MAGIC = b"\x1f\x8b\x08"
 CHUNK = 64 << 10  # small reads: zlib copies all input left after a member into unused_data
 MAX_MEMBER = 256 << 20  # a single record larger than this is not a web page
+STREAM_AT = 64 << 20  # a gzip member larger than this is read in blocks of whole records (_members)
 
 
 class Record:
@@ -87,10 +88,23 @@ def _resync(buf: bytes, fh: BinaryIO) -> bytes:
         buf = buf[-2:] + more
 
 
+def _last_record_start(block: bytes) -> int:
+    """Where the last record's version line starts in `block` (a line "WARC/x.y" after a line end); 0 if none."""
+    i = len(block)
+    while (i := block.rfind(b"\nWARC/", 0, i)) >= 0:
+        if _VERSION_LINE.match(block, i + 1):
+            return i + 1
+    return 0
+
+
 def _members(fh: BinaryIO) -> Iterator[bytes | str]:
+    """Each gzip member's bytes, or the reason it could not be read. A member past STREAM_AT (a whole file
+    compressed as one stream, as ClueWeb09's are) is given in blocks of whole records as it inflates: as one
+    block, a file past MAX_MEMBER lost every record (1 GB uncompressed ClueWeb09 files); MAX_MEMBER then
+    bounds what is held of one record."""
     buf = fh.read(CHUNK)
     while buf:
-        d, out, size = zlib.decompressobj(31), [], 0
+        d, out, size, split_at = zlib.decompressobj(31), [], 0, STREAM_AT
         while True:
             try:
                 piece = d.decompress(buf)
@@ -99,6 +113,12 @@ def _members(fh: BinaryIO) -> Iterator[bytes | str]:
                 buf = _resync(buf[1:], fh)
                 break
             size += len(piece)
+            if size > split_at:  # each try joins what is held: tried again only STREAM_AT later
+                block = b"".join([*out, piece])
+                if cut := _last_record_start(block):
+                    yield block[:cut]
+                out, piece, size = [], block[cut:], len(block) - cut
+                split_at = size + STREAM_AT
             if size > MAX_MEMBER:
                 yield "record_too_large"
                 buf = _resync(d.unused_data or fh.read(CHUNK), fh)
@@ -116,6 +136,7 @@ def _members(fh: BinaryIO) -> Iterator[bytes | str]:
 
 SUPPORTED_VERSIONS = ("WARC/1.0", "WARC/1.1", "WARC/0.18", "WARC/0.17")  # 0.17/0.18: 2008-09 crawls, ClueWeb09
 _NEXT_RECORD = re.compile(rb"(?:\r?\n)+(?=WARC/\d+\.\d+\r?\n)")
+_VERSION_LINE = re.compile(rb"WARC/\d+\.\d+\r?\n")
 
 
 def _head_end(data: bytes, pos: int) -> tuple[int, int]:
