@@ -164,6 +164,27 @@ def test_the_suite_reads_the_blend_index_it_checks(tmp_path):
         validate_stage("tokenize", p)
 
 
+def test_the_suite_checks_the_document_index_and_fails_an_unreadable_pair(tmp_path):
+    """A review: an .idx whose document index megatron-core refuses (half the documents) passed, and a .bin/.idx
+    pair that cannot be read crashed the suite (exit 1) instead of failing an expectation (exit 3)."""
+    import struct
+
+    from tasks.validation import ExpectationFailed
+    _, p = run(tmp_path)
+    idx = sorted((tmp_path / "data/tokenize/datasets").rglob("*.idx"))[0]
+    raw = bytearray(idx.read_bytes())
+    sequences, documents = struct.unpack("<QQ", raw[18:34])
+    at = 34 + sequences * 12 + (documents - 1) * 8  # the last document boundary: half way
+    raw[at:at + 8] = struct.pack("<q", sequences // 2)
+    idx.write_bytes(bytes(raw))
+    with pytest.raises(ExpectationFailed, match="on column 'document_index_mismatch': 1 unexpected"):
+        validate_stage("tokenize", p)
+    bin_file = idx.with_suffix(".bin")
+    bin_file.write_bytes(bin_file.read_bytes()[:-4])
+    with pytest.raises(ExpectationFailed, match="on column 'unreadable_idx': 1 unexpected"):
+        validate_stage("tokenize", p)
+
+
 def test_rerun_resumes_and_a_fresh_run_gives_the_same_bytes(tmp_path):
     _, p = run(tmp_path / "a")
     assert run_stage("tokenize", p)["up_to_date"]

@@ -78,6 +78,35 @@ def test_an_output_shard_emptied_after_the_stage_fails_its_count(extracted, tmp_
                                 f"the whole output"]
 
 
+def test_unreadable_or_mistyped_shards_and_ids_in_two_batches_fail_naming_the_shards(extracted, tmp_path, monkeypatch):
+    """A review of the suites on corrupted real outputs: a zero-byte shard or one whose columns have another type
+    crashed the suite (exit 1, a bare Arrow error) and every shard typed alike passed; an id repeated in another
+    batch of 500,000 rows passed."""
+    from tasks.validation import doc_checks
+    data = tmp_path / "data"
+    shutil.copytree(extracted.paths.data_dir, data, ignore=shutil.ignore_patterns("docs"))
+    p = parse_params(small_raw(data))
+    first, second, *rest = sorted((data / "extract/shards").glob("*.parquet"))
+    a, b = pq.read_table(first), pq.read_table(second)
+    pq.write_table(b.set_column(0, "id", pa.array([a["id"][0].as_py()] + b["id"].to_pylist()[1:])), second)
+    monkeypatch.setattr(doc_checks, "MAX_BATCH_ROWS", 1)  # a batch a shard: the two ids in two batches
+    with pytest.raises(ExpectationFailed) as e:
+        validate_stage("extract", p)
+    assert e.value.failures == ["expect_column_values_to_be_between on column 'ids_in_two_shards': 1 in the whole "
+                                f"output (e.g. in {first.name} and {second.name})"]
+    rest[0].write_bytes(b"")
+    mistyped = rest[1]
+    t = pq.read_table(mistyped)
+    pq.write_table(t.set_column(t.schema.get_field_index("lang_score"), "lang_score",
+                                pa.array([str(x) for x in t["lang_score"].to_pylist()])), mistyped)
+    with pytest.raises(ExpectationFailed) as e:
+        validate_stage("extract", p)
+    unreadable = next(f for f in e.value.failures if "'unreadable_shards'" in f)
+    assert unreadable.startswith("expect_column_values_to_be_between on column 'unreadable_shards': 2 in the whole "
+                                 f"output ({rest[0].name}: ArrowInvalid: ") and \
+        f"{mistyped.name}: lang_score is string, not float" in unreadable
+
+
 def test_cli_never_marks_a_truncated_download_complete(broken, tmp_path):
     p, _ = broken
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(p.model_dump(mode="json")))

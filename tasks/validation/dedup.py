@@ -34,12 +34,13 @@ def expectations() -> list:
 def totals_expectations() -> list:
     import great_expectations as gx
 
-    return [gx.expectations.ExpectColumnValuesToBeBetween(column="count_mismatch", min_value=0, max_value=0)]
+    return [gx.expectations.ExpectColumnValuesToBeBetween(column="count_mismatch", min_value=0, max_value=0),
+            *doc_checks.shard_facts_expectations()]
 
 
 def totals(p, shards_dir: Path) -> dict:
     """Documents the output and aside/ hold against the stage's own counts: also when the output is empty."""
-    return {"count_mismatch": count_mismatch(p, shards_dir)}
+    return {"count_mismatch": count_mismatch(p, shards_dir), **doc_checks.shard_facts(shards_dir)}
 
 
 @numba.njit(cache=True)

@@ -4,13 +4,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Iterator
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tasks.core.identity import read_json
-from tasks.core.schema import COLUMNS
+from tasks.core.schema import COLUMNS, DOC_SCHEMA
 from tasks.extract.langid import LABELS
 from tasks.validation.runner import Batch
 
@@ -42,20 +43,67 @@ def expectations(extra_columns: tuple[str, ...] = (), require_rows: bool = False
 
 def totals_expectations() -> list:
     """The output holds as many documents as its stage says it wrote: checked once, also when it holds none
-    (a shard emptied or lost after the stage ended passed the row checks)."""
+    (a shard emptied or lost after the stage ended passed the row checks); and shard_facts."""
     import great_expectations as gx
 
-    return [gx.expectations.ExpectColumnValuesToBeBetween(column="documents_unlike_stats", min_value=0, max_value=0)]
+    return [gx.expectations.ExpectColumnValuesToBeBetween(column="documents_unlike_stats", min_value=0, max_value=0),
+            *shard_facts_expectations()]
 
 
 def totals(p, shards_dir: Path) -> dict:
     """|documents in the output shards - stats.json's docs_out| (the stage's folder holds both); 0 for
-    outputs adopted by hand (runner.adopt_outputs), which no stage counted."""
+    outputs adopted by hand (runner.adopt_outputs), which no stage counted. And shard_facts."""
     stats = read_json(Path(shards_dir).parent / "stats.json") or {}
+    facts = shard_facts(shards_dir)
     if "docs_out" not in stats:
-        return {"documents_unlike_stats": 0}
-    rows = sum(pq.read_metadata(f).num_rows for f in sorted(Path(shards_dir).glob("*.parquet")))
-    return {"documents_unlike_stats": abs(rows - int(stats["docs_out"]))}
+        return {"documents_unlike_stats": 0, **facts}
+    rows = sum(pq.read_metadata(f).num_rows for f in sorted(Path(shards_dir).glob("*.parquet"))
+               if shard_problem(f) is None)
+    return {"documents_unlike_stats": abs(rows - int(stats["docs_out"])), **facts}
+
+
+def shard_facts_expectations() -> list:
+    import great_expectations as gx
+
+    return [gx.expectations.ExpectColumnValuesToBeBetween(column=c, min_value=0, max_value=0)
+            for c in ("unreadable_shards", "ids_in_two_shards")]
+
+
+def shard_problem(f: Path) -> str | None:
+    """Why a shard cannot be validated as documents (None if it can): it cannot be read (a zero-byte or cut
+    file), or a document column is missing or of another type. Those crashed the suite (exit 1, a bare
+    Arrow error) or, in every shard alike, passed."""
+    try:
+        schema = pq.read_schema(f)
+    except (OSError, pa.ArrowException) as e:
+        return f"{f.name}: {type(e).__name__}: {' '.join(str(e).split())[:160]}"
+    wrong = [f"{x.name} missing" if x.name not in schema.names else f"{x.name} is {schema.field(x.name).type}, "
+             f"not {x.type}" for x in DOC_SCHEMA if x.name not in schema.names or schema.field(x.name).type != x.type]
+    return f"{f.name}: {', '.join(wrong)}" if wrong else None
+
+
+def shard_facts(shards_dir: Path) -> dict:
+    """Shards that cannot be validated (shard_problem), and ids found in two shards: the row checks see one
+    batch of 500,000 rows at a time, so an id repeated in another batch passed. With what names them (the
+    "_where" columns, in the failure's line)."""
+    files = sorted(Path(shards_dir).glob("*.parquet"))
+    problems, hashes, owners = [], [], []
+    for k, f in enumerate(files):
+        if (why := shard_problem(f)) is not None:
+            problems.append(why)
+            continue
+        ids = pq.read_table(f, columns=["id"]).column("id").to_numpy(zero_copy_only=False)
+        hashes.append(pd.util.hash_array(ids.astype(object)))
+        owners.append(np.full(len(ids), k, np.int32))
+    h = np.concatenate(hashes) if hashes else np.zeros(0, np.uint64)
+    o = np.concatenate(owners) if owners else np.zeros(0, np.int32)
+    order = np.argsort(h, kind="stable")
+    h, o = h[order], o[order]
+    twice = np.flatnonzero((h[1:] == h[:-1]) & (o[1:] != o[:-1]))
+    where = f"e.g. in {files[o[twice[0]]].name} and {files[o[twice[0] + 1]].name}" if len(twice) else ""
+    more = f"; {len(problems) - 3} more" if len(problems) > 3 else ""
+    return {"unreadable_shards": len(problems), "unreadable_shards_where": "; ".join(problems[:3]) + more,
+            "ids_in_two_shards": len(twice), "ids_in_two_shards_where": where}
 
 
 def _shard_table(f: Path, extra_columns: Callable[[pa.Table, Path], dict] | None) -> pa.Table:
@@ -73,6 +121,8 @@ def batches(p, shards_dir: Path, extra_columns: Callable[[pa.Table, Path], dict]
     add derived columns (from the text, or from what the stage recorded for that shard) for a stage's suite."""
     tables, shards, rows = [], [], 0
     for f in sorted(shards_dir.glob("*.parquet")):
+        if shard_problem(f) is not None:  # named by shard_facts, in the totals
+            continue
         t = _shard_table(f, extra_columns)
         if rows and t.num_rows and rows + t.num_rows > MAX_BATCH_ROWS:  # a batch is empty only if all are
             yield Batch(pa.concat_tables(tables).to_pandas(), shards)

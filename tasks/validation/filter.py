@@ -32,7 +32,8 @@ def totals_expectations() -> list:
 
     E = gx.expectations
     return [E.ExpectColumnValuesToBeBetween(column="kept_fraction_out_of_bounds", min_value=0, max_value=0),
-            E.ExpectColumnValuesToBeBetween(column="count_mismatch", min_value=0, max_value=0)]
+            E.ExpectColumnValuesToBeBetween(column="count_mismatch", min_value=0, max_value=0),
+            *doc_checks.shard_facts_expectations()]
 
 
 def totals(p, shards_dir: Path) -> dict:
@@ -41,7 +42,7 @@ def totals(p, shards_dir: Path) -> dict:
     root = Path(p.paths.data_dir) / "filter"
     stats = json.loads((root / "stats.json").read_text(encoding="utf-8"))
     return {"kept_fraction_out_of_bounds": len(_out_of_bounds(p, stats)),
-            "count_mismatch": count_mismatch(stats, Path(shards_dir), root)}
+            "count_mismatch": count_mismatch(stats, Path(shards_dir), root), **doc_checks.shard_facts(shards_dir)}
 
 
 def _decisions(root: Path, shard: str) -> tuple[dict[str, float], dict[str, bool]]:

@@ -199,7 +199,7 @@ def _check_totals(ctx, stage: str, expectations: list, facts: dict, table: dict)
         if col in facts and isinstance(facts[col], int) and not row["passed"]:
             row["unexpected"] = facts[col]
     return [f"{t} on column '{col}': {facts[col] if col in facts else found} in the whole output"
-            for t, col, found in _failures(result)]
+            + (f" ({facts[col + '_where']})" if facts.get(col + "_where") else "") for t, col, found in _failures(result)]
 
 
 def run_suite(stage: str, expectations: list, batches: Iterator[Batch],

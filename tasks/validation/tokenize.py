@@ -25,7 +25,7 @@ def expectations() -> list:
     import great_expectations as gx
 
     zero = ["ids_over_vocab", "docs_not_ending_in_eod", "eod_inside_documents", "bin_bytes_mismatch",
-            "share_off_target", "index_out_of_bounds"]
+            "document_index_mismatch", "unreadable_idx", "share_off_target", "index_out_of_bounds"]
     return [gx.expectations.ExpectColumnValuesToNotBeNull(column="dataset"),
             gx.expectations.ExpectColumnValuesToBeUnique(column="dataset")] + [
         gx.expectations.ExpectColumnValuesToBeBetween(column=c, min_value=0, max_value=0) for c in zero]
@@ -41,8 +41,22 @@ def dataset_row(ds: indexed.IndexedDataset, vocab: int, eod: int) -> dict:
     ends = (ds.pointers // ds.dtype.itemsize + ds.lengths - 1)[ds.lengths > 0]
     last_is_eod = int((np.asarray(ds.tokens[ends]) == eod).sum()) if ends.size else 0
     expected = int(ds.lengths.astype(np.int64).sum()) * ds.dtype.itemsize
+    # one sequence per document, as tokenize writes them: megatron-core refuses any other document index
+    # (sequence_lengths.shape[0] == document_indices[-1]), and a halved one passed here
+    docs_ok = np.array_equal(ds.document_indices, np.arange(len(ds) + 1))
     return {"ids_over_vocab": over, "docs_not_ending_in_eod": len(ds) - last_is_eod,
-            "eod_inside_documents": eods - last_is_eod, "bin_bytes_mismatch": abs(ds.bin_path.stat().st_size - expected)}
+            "eod_inside_documents": eods - last_is_eod, "bin_bytes_mismatch": abs(ds.bin_path.stat().st_size - expected),
+            "document_index_mismatch": int(not docs_ok), "unreadable_idx": 0}
+
+
+def _dataset_row(prefix: Path, vocab: int, eod: int) -> dict:
+    """dataset_row, or a row failing unreadable_idx when the .bin/.idx pair cannot be read (a size or dtype
+    mismatch, a cut file): the suite crashed on it with exit 1 instead of failing an expectation."""
+    try:
+        return dataset_row(indexed.IndexedDataset(prefix), vocab, eod)
+    except (indexed.IndexFileError, OSError, ValueError, IndexError):
+        return {"ids_over_vocab": 0, "docs_not_ending_in_eod": 0, "eod_inside_documents": 0, "bin_bytes_mismatch": 0,
+                "document_index_mismatch": 0, "unreadable_idx": 1}
 
 
 def blend_rows(p, blend_dir: Path, manifest: dict, report: dict) -> dict[str, dict]:
@@ -89,9 +103,9 @@ def batches(p, blend_dir: Path):
     blended = blend_rows(p, blend_dir, manifest, report)
     rows = []
     for name, info in sorted(manifest["datasets"].items()):
-        row = {"dataset": name, **dataset_row(indexed.IndexedDataset(datasets_dir / info["prefix"]),
-                                              manifest["vocab_size"], manifest["eod_id"])}
+        row = {"dataset": name, **_dataset_row(datasets_dir / info["prefix"], manifest["vocab_size"], manifest["eod_id"])}
         rows.append({**row, **blended.get(name, {"share_off_target": 0, "index_out_of_bounds": 0})})
     frame = pd.DataFrame(rows, columns=["dataset", "ids_over_vocab", "docs_not_ending_in_eod", "eod_inside_documents",
-                                        "bin_bytes_mismatch", "share_off_target", "index_out_of_bounds"])
+                                        "bin_bytes_mismatch", "document_index_mismatch", "unreadable_idx",
+                                        "share_off_target", "index_out_of_bounds"])
     yield Batch(frame, [("datasets", 0, len(frame))])
