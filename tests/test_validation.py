@@ -147,6 +147,25 @@ def test_an_expectation_that_cannot_be_evaluated_says_why(tmp_path):
     assert not any("None unexpected" in f for f in report.failures), report.failures
 
 
+def test_a_fault_in_every_shard_is_one_line_naming_a_few(tmp_path):
+    """A review: 300 shards with an empty text each were re-checked one by one (10x the validation; at 80,000
+    shards, hours) into 300 failures, a 30,000-character line on stderr and as the Prefect state's message."""
+    import pandas as pd
+
+    from tasks.validation import doc_checks
+    from tasks.validation.runner import NAMED_SHARDS, Batch, run_suite
+
+    n = 3 * NAMED_SHARDS
+    frame = pd.DataFrame({"id": [f"d{i}" for i in range(2 * n)], "text_chars": [0, 5] * n, "dataset": ["x"] * 2 * n,
+                          "url": [""] * 2 * n, "crawl": [""] * 2 * n, "lang": ["en"] * 2 * n, "lang_score": [0.9] * 2 * n})
+    shards = [(f"s{i:03d}.parquet", 2 * i, 2 * i + 2) for i in range(n)]
+    report = run_suite("extract", doc_checks.expectations(), iter([Batch(frame, shards)]), tmp_path / "docs",
+                       raise_on_failure=False)
+    assert report.failures == [f"expect_column_values_to_be_between on column 'text_chars': {n} unexpected in "
+                               f"{NAMED_SHARDS} or more shards (s000.parquet, s001.parquet, s002.parquet, ...) of "
+                               f"s000.parquet .. s{n - 1:03d}.parquet"]
+
+
 def test_a_fact_about_the_whole_output_is_checked_once_whatever_the_rows(tmp_path):
     """Counts against a stage's own stats were carried on every row: an output emptied by a bug passed
     (no row, no check), and a mismatch failed once per shard, naming shards that were fine."""
