@@ -185,6 +185,31 @@ def test_the_suite_finds_counts_that_do_not_add_up(tmp_path):
         validate_stage("dedup", p)
 
 
+def test_the_suite_finds_a_keeper_of_lower_priority_or_itself_removed(tmp_path):
+    """A review: a components pass keeping the copy of the lower-priority dataset (MT-NLG's rule inverted), or
+    removing a document for a copy it removed too, passed the suite."""
+    import numpy as np
+    rng = random.Random(3)
+    base = prose(rng)
+    run(tmp_path, [[doc(0, base, "Wiki"), doc(1, edit(rng, base, 1), "CC"), doc(2, edit(rng, base, 2), "CC")]],
+        priority=["Wiki", "Books"])
+    data = tmp_path / "data"
+    p = parse_params({"paths": {"data_dir": str(data)}, "dedup": {"input_stage": "extract", "priority": ["Wiki", "Books"]}})
+    validate_stage("dedup", p)
+    removed = data / "dedup/components/removed.npz"
+    with np.load(removed) as z:
+        dup_of, reason = z["dup_of"].copy(), z["reason"].copy()
+    assert dup_of.tolist() == [-1, 0, 0]
+    with removed.open("wb") as fh:  # Wiki's original removed for a CC copy, and the other copy for it
+        np.savez(fh, dup_of=np.array([1, -1, 0]), reason=reason[[1, 0, 2]])
+    with pytest.raises(ExpectationFailed) as failed:
+        validate_stage("dedup", p)
+    assert "expect_column_values_to_be_between on column 'removed_for_a_lower_priority_copy': 1 in the whole output " \
+           "(e.g. Wiki/0 for CC/1)" in failed.value.failures
+    assert "expect_column_values_to_be_between on column 'removed_for_a_removed_copy': 1 in the whole output " \
+           "(e.g. CC/2 for Wiki/0)" in failed.value.failures
+
+
 def test_params_are_checked():
     from tasks.core.errors import ConfigError
 

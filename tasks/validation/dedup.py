@@ -34,13 +34,32 @@ def expectations() -> list:
 def totals_expectations() -> list:
     import great_expectations as gx
 
-    return [gx.expectations.ExpectColumnValuesToBeBetween(column="count_mismatch", min_value=0, max_value=0),
-            *doc_checks.shard_facts_expectations()]
+    return [gx.expectations.ExpectColumnValuesToBeBetween(column=c, min_value=0, max_value=0)
+            for c in ("count_mismatch", "removed_for_a_removed_copy", "removed_for_a_lower_priority_copy")] + \
+        doc_checks.shard_facts_expectations()
 
 
 def totals(p, shards_dir: Path) -> dict:
     """Documents the output and aside/ hold against the stage's own counts: also when the output is empty."""
-    return {"count_mismatch": count_mismatch(p, shards_dir), **doc_checks.shard_facts(shards_dir)}
+    return {"count_mismatch": count_mismatch(p, shards_dir), **keepers(p), **doc_checks.shard_facts(shards_dir)}
+
+
+def keepers(p) -> dict:
+    """Removed documents whose kept copy was removed too, or is from a dataset of lower priority (MT-NLG's rule:
+    keep the copy of the highest-priority dataset): a components pass choosing the wrong keeper passed."""
+    ctx = Context("dedup", str(p.paths.data_dir), p.dedup.input_stage)
+    docs, (dup_of, _) = docs_of(ctx), removed_of(ctx)
+    removed = np.flatnonzero(dup_of >= 0)
+    keeper = dup_of[removed]
+    facts = {}
+    for name, bad in (("removed_for_a_removed_copy", dup_of[keeper] >= 0),
+                      ("removed_for_a_lower_priority_copy", docs["rank"][keeper] > docs["rank"][removed])):
+        facts[name] = int(bad.sum())
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            facts[f"{name}_where"] = (f"e.g. {docs['ids'][removed[i]].decode('utf-8')} for "
+                                      f"{docs['ids'][keeper[i]].decode('utf-8')}")
+    return facts
 
 
 @numba.njit(cache=True)
@@ -61,23 +80,30 @@ def recheck(p, ctx: Context, docs: dict, dup_of: np.ndarray) -> dict[str, int]:
     sample = np.sort(rng.choice(kept, size=min(d.recheck_docs, len(kept)), replace=False))
     bands, rows = d.lsh()
     keys = np.concatenate([band_keys(read(f, "sig")[0], bands, rows) for f in signature_files(ctx)])[kept]
-    pairs = []
+    # pairs as one int64 (low x n + high), deduplicated band by band; each sampled member meets at most
+    # max_centers mates of a run, the stage's own bound: on templated pages (a third of a site's pages in each
+    # band's bucket, none a duplicate) every pair of every band, deduplicated row-wise, took ~330 KB a page
+    n, codes = np.int64(len(dup_of)), np.zeros(0, np.int64)
     for b in range(bands):
         k = keys[:, b]
         mine = np.isin(k, k[np.isin(kept, sample)])
         order = np.argsort(k[mine], kind="stable")
         ks, idx = k[mine][order], kept[mine][order]
         edge = np.flatnonzero(ks[1:] != ks[:-1]) + 1
+        band = []
         for lo, hi in zip(np.concatenate([[0], edge]), np.concatenate([edge, [len(ks)]])):
-            if hi - lo > 1:  # each sampled member with each of its run mates: memory O(run x sampled)
+            if hi - lo > 1:
                 run = idx[lo:hi]
                 mine = run[np.isin(run, sample)]
-                a, c = np.repeat(mine, len(run)), np.tile(run, len(mine))
+                mates = run[:d.max_centers + 1]
+                a, c = np.repeat(mine, len(mates)), np.tile(mates, len(mine))
                 sel = a != c
-                pairs.append(np.stack([np.minimum(a[sel], c[sel]), np.maximum(a[sel], c[sel])], axis=1))
-    if not pairs:
+                band.append(np.minimum(a[sel], c[sel]) * n + np.maximum(a[sel], c[sel]))
+        if band:
+            codes = np.unique(np.concatenate([codes, *band]))
+    if not len(codes):
         return {}
-    pairs = np.unique(np.concatenate(pairs), axis=0)
+    pairs = np.stack([codes // n, codes % n], axis=1)
     involved = np.unique(pairs)
     local = np.full(len(dup_of), -1, dtype=np.int64)
     local[involved] = np.arange(len(involved))
