@@ -11,7 +11,7 @@ import numpy as np
 from tasks.core.config import PipelineParams
 from tasks.core.stage import Context
 from tasks.dedup.components import representatives
-from tasks.core.passes import savez
+from tasks.core.passes import load_stored, savez
 from tasks.dedup.signing import read, shard_datasets, signature_files
 
 KEPT, EXACT, FUZZY = 0, 1, 2  # why a document is removed (reason codes)
@@ -50,6 +50,12 @@ def build_exact(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
 def docs_of(ctx: Context) -> dict[str, np.ndarray]:
     with np.load(ctx.pass_dir("exact") / "docs.npz") as z:
         return {k: z[k] for k in z.files}
+
+
+def doc_column(ctx: Context, name: str) -> np.ndarray:
+    """One column of docs_of, memory-mapped: a per-shard task reads the pages it indexes, not every
+    document's ids (8M documents: ~0.5 GB read by each of the shards' tasks, the pass growing as N^2)."""
+    return load_stored(ctx.pass_dir("exact") / "docs.npz", name)
 
 
 def layout_of(ctx: Context) -> dict:

@@ -20,7 +20,7 @@ from tasks.core.config import PipelineParams
 from tasks.core.passes import Shard, ShardStats, load_stored, savez
 from tasks.core.stage import Context
 from tasks.dedup.components import components, representatives
-from tasks.dedup.exact import EXACT, FUZZY, docs_of, layout_of
+from tasks.dedup.exact import EXACT, FUZZY, doc_column, docs_of, layout_of
 from tasks.dedup.lsh import band_keys
 from tasks.dedup.minhash import shingle_sets
 from tasks.dedup.signing import read, signature_files
@@ -40,8 +40,7 @@ def plan_buckets(p: PipelineParams, ctx: Context) -> list[Shard]:
 def bucket_shard(shard: Shard, tmp: Path, p: PipelineParams, ctx: Context) -> ShardStats:
     _, rows = p.dedup.lsh()
     group = next(g for g in band_groups(p) if shard.name == f"bands-{g[0]:03d}")
-    docs = docs_of(ctx)
-    alive = docs["has_words"] & (docs["exact_dup_of"] < 0)
+    alive = np.asarray(doc_column(ctx, "has_words")) & (np.asarray(doc_column(ctx, "exact_dup_of")) < 0)
     keys = np.empty((len(alive), len(group)), dtype=np.uint64)
     at = 0
     for f in signature_files(ctx):
@@ -200,6 +199,7 @@ def report(docs: dict, layout: dict, dup_of: np.ndarray, reason: np.ndarray, lab
                                                for i, a in enumerate(names) if matrix[i].any()}}}
 
 
-def removed_of(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
-    with np.load(ctx.pass_dir("components") / "removed.npz") as z:
-        return z["dup_of"], z["reason"]
+def removed_of(ctx: Context, rows: slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
+    """The components' dup_of and reason, for `rows` only (memory-mapped: a shard's task reads its rows)."""
+    path = ctx.pass_dir("components") / "removed.npz"
+    return np.array(load_stored(path, "dup_of")[rows]), np.array(load_stored(path, "reason")[rows])

@@ -15,7 +15,7 @@ from tasks.core.config import PipelineParams
 from tasks.core.passes import Shard, ShardStats
 from tasks.core.schema import DOC_SCHEMA, DocWriter, iter_batches, text_bytes
 from tasks.core.stage import Context, input_files, shard_per_file
-from tasks.dedup.exact import EXACT, FUZZY, docs_of, layout_of
+from tasks.dedup.exact import EXACT, FUZZY, doc_column, layout_of
 from tasks.dedup.graph import removed_of
 
 ASIDE_SCHEMA = DOC_SCHEMA.append(pa.field("reason", pa.string())) \
@@ -33,12 +33,11 @@ plan_remove = plan_aside
 def _slice(layout: dict, ctx: Context, shard: Shard) -> tuple[np.ndarray, np.ndarray]:
     """This shard's rows of the components pass's dup_of and reason."""
     start, rows = layout["shards"][shard.name]
-    dup_of, reason = removed_of(ctx)
-    return dup_of[start:start + rows], reason[start:start + rows]
+    return removed_of(ctx, slice(start, start + rows))
 
 
 def aside_shard(shard: Shard, tmp: Path, p: PipelineParams, ctx: Context) -> ShardStats:
-    layout, docs = layout_of(ctx), docs_of(ctx)
+    layout, ids, dataset = layout_of(ctx), doc_column(ctx, "ids"), doc_column(ctx, "dataset")
     dup_of, reason = _slice(layout, ctx, shard)
     st, row = ShardStats(), 0
     with pq.ParquetWriter(tmp, ASIDE_SCHEMA, compression="zstd", write_statistics=False) as w:
@@ -52,9 +51,8 @@ def aside_shard(shard: Shard, tmp: Path, p: PipelineParams, ctx: Context) -> Sha
             target = dup_of[rows]
             out = table.take(pa.array(mine))
             out = out.append_column("reason", pa.array([REASONS[r] for r in reason[rows]]))
-            out = out.append_column("duplicate_of", pa.array([x.decode("utf-8") for x in docs["ids"][target]]))
-            out = out.append_column("duplicate_of_dataset",
-                                    pa.array([layout["datasets"][c] for c in docs["dataset"][target]]))
+            out = out.append_column("duplicate_of", pa.array([x.decode("utf-8") for x in ids[target]]))
+            out = out.append_column("duplicate_of_dataset", pa.array([layout["datasets"][c] for c in dataset[target]]))
             w.write_table(out)
             st.docs_out += len(mine)
             st.bytes_out += text_bytes(out)
