@@ -41,7 +41,11 @@ def totals(p, shards_dir: Path) -> dict:
     against the stage's own counts: also when the classifier dropped every document."""
     root = Path(p.paths.data_dir) / "filter"
     stats = json.loads((root / "stats.json").read_text(encoding="utf-8"))
-    return {"kept_fraction_out_of_bounds": len(_out_of_bounds(p, stats)),
+    bad, c = sorted(_out_of_bounds(p, stats)), p.filter.classifier
+    rows = stats["filter"]["datasets"]
+    where = ", ".join(f"{name} kept {rows[name]['kept'] / (rows[name]['kept'] + rows[name]['dropped'].get('classifier', 0)):.3f}"
+                      for name in bad) + (f" of those the rules passed, outside [{c.min_kept}, {c.max_kept}]" if bad else "")
+    return {"kept_fraction_out_of_bounds": len(bad), "kept_fraction_out_of_bounds_where": where,
             "count_mismatch": count_mismatch(stats, Path(shards_dir), root), **doc_checks.shard_facts(shards_dir)}
 
 

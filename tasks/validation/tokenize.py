@@ -108,4 +108,5 @@ def batches(p, blend_dir: Path):
     frame = pd.DataFrame(rows, columns=["dataset", "ids_over_vocab", "docs_not_ending_in_eod", "eod_inside_documents",
                                         "bin_bytes_mismatch", "document_index_mismatch", "unreadable_idx",
                                         "share_off_target", "index_out_of_bounds"])
-    yield Batch(frame, [("datasets", 0, len(frame))])
+    # a "shard" per dataset: a failure names the dataset (it said "in shard datasets")
+    yield Batch(frame, [(f"dataset {row['dataset']}", i, i + 1) for i, row in enumerate(rows)] or [("datasets", 0, 0)])
