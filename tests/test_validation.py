@@ -107,6 +107,22 @@ def test_unreadable_or_mistyped_shards_and_ids_in_two_batches_fail_naming_the_sh
         f"{mistyped.name}: lang_score is string, not float" in unreadable
 
 
+def test_stats_that_contradict_themselves_fail(extracted, tmp_path):
+    """docs_in = docs_out + the drops, for a stage that takes or drops whole documents: a review set docs_in to
+    100 more and the suite passed."""
+    import json
+    data = tmp_path / "data"
+    shutil.copytree(extracted.paths.data_dir, data, ignore=shutil.ignore_patterns("docs"))
+    stats_file = data / "extract/stats.json"
+    stats = json.loads(stats_file.read_text())
+    assert stats["docs_in"] == stats["docs_out"] + sum(stats["dropped"].values())
+    stats_file.write_text(json.dumps({**stats, "docs_in": stats["docs_in"] + 100}))
+    with pytest.raises(ExpectationFailed) as e:
+        validate_stage("extract", parse_params(small_raw(data)))
+    assert e.value.failures == ["expect_column_values_to_be_between on column 'stats_do_not_add_up': 100 in the "
+                                "whole output"]
+
+
 def test_cli_never_marks_a_truncated_download_complete(broken, tmp_path):
     p, _ = broken
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(p.model_dump(mode="json")))

@@ -35,13 +35,16 @@ def totals_expectations() -> list:
     import great_expectations as gx
 
     return [gx.expectations.ExpectColumnValuesToBeBetween(column=c, min_value=0, max_value=0)
-            for c in ("count_mismatch", "removed_for_a_removed_copy", "removed_for_a_lower_priority_copy")] + \
+            for c in ("count_mismatch", "removed_for_a_removed_copy", "removed_for_a_lower_priority_copy",
+                      "stats_do_not_add_up")] + \
         doc_checks.shard_facts_expectations()
 
 
 def totals(p, shards_dir: Path) -> dict:
     """Documents the output and aside/ hold against the stage's own counts: also when the output is empty."""
-    return {"count_mismatch": count_mismatch(p, shards_dir), **keepers(p), **doc_checks.shard_facts(shards_dir)}
+    stats = json.loads((Path(p.paths.data_dir) / "dedup" / "stats.json").read_text(encoding="utf-8"))
+    return {"count_mismatch": count_mismatch(p, shards_dir), **keepers(p), **doc_checks.shard_facts(shards_dir),
+            "stats_do_not_add_up": doc_checks.stats_do_not_add_up(stats)}
 
 
 def keepers(p) -> dict:

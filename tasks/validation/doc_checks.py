@@ -46,15 +46,24 @@ def totals_expectations() -> list:
     (a shard emptied or lost after the stage ended passed the row checks); and shard_facts."""
     import great_expectations as gx
 
-    return [gx.expectations.ExpectColumnValuesToBeBetween(column="documents_unlike_stats", min_value=0, max_value=0),
-            *shard_facts_expectations()]
+    return [gx.expectations.ExpectColumnValuesToBeBetween(column=c, min_value=0, max_value=0)
+            for c in ("documents_unlike_stats", "stats_do_not_add_up")] + shard_facts_expectations()
 
 
-def totals(p, shards_dir: Path) -> dict:
+def stats_do_not_add_up(stats: dict) -> int:
+    """|docs_in - docs_out - the drops| of a stage that takes or drops whole documents (extract, filter, dedup;
+    not decontaminate, which splits them): stats.json contradicting itself passed."""
+    if not all(k in stats for k in ("docs_in", "docs_out", "dropped")):
+        return 0
+    return abs(int(stats["docs_in"]) - int(stats["docs_out"]) - sum(int(n) for n in stats["dropped"].values()))
+
+
+def totals(p, shards_dir: Path, whole_documents: bool = True) -> dict:
     """|documents in the output shards - stats.json's docs_out| (the stage's folder holds both); 0 for
-    outputs adopted by hand (runner.adopt_outputs), which no stage counted. And shard_facts."""
+    outputs adopted by hand (runner.adopt_outputs), which no stage counted. stats_do_not_add_up (for a stage of
+    `whole_documents`), and shard_facts."""
     stats = read_json(Path(shards_dir).parent / "stats.json") or {}
-    facts = shard_facts(shards_dir)
+    facts = {**shard_facts(shards_dir), "stats_do_not_add_up": stats_do_not_add_up(stats) if whole_documents else 0}
     if "docs_out" not in stats:
         return {"documents_unlike_stats": 0, **facts}
     rows = sum(pq.read_metadata(f).num_rows for f in sorted(Path(shards_dir).glob("*.parquet"))

@@ -33,6 +33,7 @@ def totals_expectations() -> list:
     E = gx.expectations
     return [E.ExpectColumnValuesToBeBetween(column="kept_fraction_out_of_bounds", min_value=0, max_value=0),
             E.ExpectColumnValuesToBeBetween(column="count_mismatch", min_value=0, max_value=0),
+            E.ExpectColumnValuesToBeBetween(column="stats_do_not_add_up", min_value=0, max_value=0),
             *doc_checks.shard_facts_expectations()]
 
 
@@ -46,7 +47,8 @@ def totals(p, shards_dir: Path) -> dict:
     where = ", ".join(f"{name} kept {rows[name]['kept'] / (rows[name]['kept'] + rows[name]['dropped'].get('classifier', 0)):.3f}"
                       for name in bad) + (f" of those the rules passed, outside [{c.min_kept}, {c.max_kept}]" if bad else "")
     return {"kept_fraction_out_of_bounds": len(bad), "kept_fraction_out_of_bounds_where": where,
-            "count_mismatch": count_mismatch(stats, Path(shards_dir), root), **doc_checks.shard_facts(shards_dir)}
+            "count_mismatch": count_mismatch(stats, Path(shards_dir), root), **doc_checks.shard_facts(shards_dir),
+            "stats_do_not_add_up": doc_checks.stats_do_not_add_up(stats)}
 
 
 def _decisions(root: Path, shard: str) -> tuple[dict[str, float], dict[str, bool]]:
