@@ -96,6 +96,10 @@ def main(argv: list[str]) -> int:
         state = pretraining_pipeline(params_file=params_file, stages=stages or None, return_state=True)
     except KeyboardInterrupt:  # Ctrl-C: finished shards and checkpoints stay, the rest is redone by a rerun
         return _interrupted()
+    except Exception as e:  # noqa: BLE001 - Prefect itself failed (no API, a server too slow to start): one line
+        code, line = describe(e)
+        print(line + _prefect_hint(line), file=sys.stderr)
+        return code
     if not state.is_completed():
         if interrupts.requested():  # a Ctrl-C that an import turned into a stage's error
             return _interrupted()
@@ -104,6 +108,14 @@ def main(argv: list[str]) -> int:
     out = state.result()
     print({s: {k: v.get(k) for k in ("docs_in", "docs_out")} for s, v in out.items()})
     return 0
+
+
+def _prefect_hint(line: str) -> str:
+    if "ephemeral Prefect API server" in line:
+        return " (a loaded machine starts it slowly: raise PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)"
+    if (url := os.environ.get("PREFECT_API_URL")) and any(w in line for w in ("reach API", "onnect")):
+        return f" (PREFECT_API_URL is {url}: start that server, `make ui`, or unset it for a temporary one)"
+    return ""
 
 
 def _interrupted() -> int:

@@ -44,6 +44,11 @@ def test_repo_params_yaml_names_every_parameter():
     ({"runner": {"kind": "gpu"}}, "runner.kind: Input should be 'sequential', 'threads', 'processes' or 'dask'"),
     ({"sample": {"n_warc_files": 0}}, "sample.n_warc_files: Input should be greater than or equal to 1"),
     ({"filtr": {}}, "filtr: unknown key"),
+    # an operator drill: .inf passed, to fail mid-stage (after the stage's last completion was gone)
+    ({"tokenize": {"blend": [{"dataset": "web", "weight": float("inf")}]}},
+     "tokenize.blend.0.weight: Input should be a finite number (got inf)"),
+    ({"train": {"profiles": {"sample": {"optim": {"lr": float("inf")}}}}},
+     "train.profiles.sample.optim.lr: Input should be a finite number (got inf)"),
 ])
 def test_bad_values_name_key_and_expectation(raw, needle):
     with pytest.raises(ConfigError) as e:

@@ -278,6 +278,20 @@ def test_a_run_that_does_not_stop_for_the_worker_is_killed_and_recorded_as_crash
     assert state["state"]["message"].startswith("the worker stopped: the run had not ended 1 s after its SIGTERM"), state
 
 
+def test_a_pipeline_whose_prefect_api_cannot_be_reached_is_one_line(tmp_path):
+    """An operator drill: PREFECT_API_URL exported (as the README has it for `make ui`) with no server started
+    gave 109 lines and 3 tracebacks."""
+    url = f"http://127.0.0.1:{free_port()}/api"  # nothing listens there
+    params = tmp_path / "params.yaml"
+    params.write_text((REPO / "params.yaml").read_text().replace("  data_dir: data ", f"  data_dir: {tmp_path / 'data'} "))
+    out = subprocess.run([sys.executable, "-m", "flows.pipeline", str(params), "sample"], cwd=REPO, capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "PREFECT_API_URL": url,
+                                                      "PREFECT_HOME": str(tmp_path / "prefect")})
+    assert out.returncode == 1 and out.stderr.splitlines() == [
+        f"error: RuntimeError: Failed to reach API at {url}/ (PREFECT_API_URL is {url}: start that server, "
+        "`make ui`, or unset it for a temporary one)"], out.stderr[-3000:]
+
+
 def test_a_killed_run_the_worker_cannot_record_is_one_line():
     env = {**os.environ, "PREFECT_API_URL": f"http://127.0.0.1:{free_port()}/api"}  # nothing listens there
     out = subprocess.run([sys.executable, "-c", "from flows.worker import record_crashed; "

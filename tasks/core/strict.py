@@ -8,4 +8,5 @@ from pydantic import BaseModel, ConfigDict
 class Strict(BaseModel):
     # strict: "600" is not an int and `true` is not a number; YAML gives real types, so a quoted
     # number in params.yaml is a mistake worth a message, not a silent coercion.
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    # no inf (nor NaN) in any float: a blend weight of .inf passed, to fail mid-stage after its last completion went
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
