@@ -211,6 +211,10 @@ def test_the_time_limit_is_named_whether_the_output_is_echoed_or_not(tmp_path):
         with pytest.raises(launch.LaunchTimedOut, match=r"every rank was stopped after the launch's time limit of 2 s"):
             launch.run("tests.launch_targets", stand_in(tmp_path / str(echo is None), "busy"), 1,
                        tmp_path / "launch.log", timeout=2, echo=echo)
+        # an operator drill: what torchrun printed of its own stop (a SignalException traceback, ~40 lines) was
+        # echoed before the stage's line; it stays in launch.log
+        assert echo is None or b"SignalException" not in echo.getvalue(), echo.getvalue().decode()[-2000:]
+    assert b"SignalException" in (tmp_path / "launch.log").read_bytes()
     from tasks.core import lifeline
     assert not lifeline.launched_pids()
 

@@ -240,6 +240,7 @@ def _run_echoing(cmd: list[str], log: Path, echo, timeout: float | None) -> int:
         with open(log, "ab") as out:
             while chunk := os.read(proc.stdout.fileno(), 65536):
                 out.write(chunk)
+                muted = muted or timed_out.is_set()  # torchrun's report of the timer's stop: launch.log only
                 if not muted:
                     shown, held, muted = _split_echo(tail, held + chunk)
                     tail = (tail + shown)[-512:]
