@@ -123,6 +123,20 @@ def test_stats_that_contradict_themselves_fail(extracted, tmp_path):
                                 "whole output"]
 
 
+@pytest.mark.parametrize("damage", ['{"stage": "extract", "docs_in": 3,', "[1, 2]"])
+def test_a_damaged_input_stats_file_is_an_unfinished_input_naming_it(extracted, tmp_path, damage):
+    """An operator drill: extract's stats.json edited by hand gave 'error: JSONDecodeError: Expecting property
+    name ...' (a list: "AttributeError: 'list' object has no attribute 'get'"), exit 1, naming no file."""
+    from tasks.core.errors import UnfinishedInput
+    from tasks.core.runner import run_stage
+    data = tmp_path / "data"
+    shutil.copytree(extracted.paths.data_dir, data, ignore=shutil.ignore_patterns("docs"))
+    (data / "extract/stats.json").write_text(damage)
+    with pytest.raises(UnfinishedInput, match=f"stage 'filter' needs stage 'extract' completed "
+                                              f"\\({data / 'extract/stats.json'} is not a stage's stats\\): rerun"):
+        run_stage("filter", parse_params(small_raw(data)))
+
+
 def test_cli_never_marks_a_truncated_download_complete(broken, tmp_path):
     p, _ = broken
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(p.model_dump(mode="json")))

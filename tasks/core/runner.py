@@ -73,7 +73,14 @@ def require_complete(p: PipelineParams, stage: str, needed_by: str) -> None:
     if not path.is_file():
         raise UnfinishedInput(f"stage '{needed_by}' needs stage '{stage}' completed "
                               f"({path} missing): run `python -m tasks {stage}` first")
-    validation = json.loads(path.read_text(encoding="utf-8")).get("validation", {})
+    try:
+        stats = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        stats = None
+    if not isinstance(stats, dict):  # edited by hand, or cut: it said "JSONDecodeError: Expecting ...", naming no file
+        raise UnfinishedInput(f"stage '{needed_by}' needs stage '{stage}' completed ({path} is not a stage's "
+                              f"stats): rerun `python -m tasks {stage}`")
+    validation = stats.get("validation") or {}
     if validation.get("success") is False:
         raise UnfinishedInput(f"stage '{needed_by}' needs stage '{stage}' to pass its validation (see {path}): "
                               f"fix it and rerun `python -m tasks {stage}`")
