@@ -19,7 +19,7 @@ from prefect.states import Failed, State
 from tqdm import tqdm
 
 from flows.artifacts import publish
-from flows.runners import build_task_runner
+from flows.runners import build_task_runner, check_reachable
 from tasks.core.shard_threads import WAKE_S, ShardThreads, running_shard
 from tasks.core.config import PipelineParams, load_params
 from tasks.core.errors import ConfigError, describe, naming_full_disk
@@ -98,6 +98,7 @@ def run_stage_flow(stage: str, p: PipelineParams) -> dict:
     from prefect.runtime import flow_run
     if flow_run.id:  # the stage's outputs record the flow run that made them (evaluation provenance)
         os.environ["PREFECT__FLOW_RUN_ID"] = str(flow_run.id)
+    check_reachable(p.runner)  # before the stage changes anything
     with naming_full_disk(p.paths.data_dir), stage_lock(p, stage):
         with watching(next(st for st in STAGES if st.name == stage), p):
             stats = run_stage(stage, p, map_shards=map_with_prefect, validation_follows=True,

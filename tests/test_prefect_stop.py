@@ -292,6 +292,23 @@ def test_a_pipeline_whose_prefect_api_cannot_be_reached_is_one_line(tmp_path):
         "`make ui`, or unset it for a temporary one)"], out.stderr[-3000:]
 
 
+def test_an_unreachable_dask_scheduler_is_refused_before_the_stage_changes_anything():
+    """An operator drill: the first pass failed after 30 s ('OSError: Timed out trying to connect', no key named)
+    with the stage's last completion already gone. run_stage_flow checks the scheduler first."""
+    import inspect
+
+    from flows import stages
+    from flows.runners import check_reachable
+    from tasks.core.config import RunnerParams
+    from tasks.core.errors import ConfigError
+    address = f"tcp://127.0.0.1:{free_port()}"  # nothing listens there
+    with pytest.raises(ConfigError, match=f"runner.dask_address {address}: cannot connect to the Dask scheduler"):
+        check_reachable(RunnerParams(kind="dask", dask_address=address))
+    check_reachable(RunnerParams(kind="threads"))
+    source = inspect.getsource(stages.run_stage_flow)
+    assert source.index("check_reachable(p.runner)") < source.index("stage_lock(p, stage)")
+
+
 def test_a_killed_run_the_worker_cannot_record_is_one_line():
     env = {**os.environ, "PREFECT_API_URL": f"http://127.0.0.1:{free_port()}/api"}  # nothing listens there
     out = subprocess.run([sys.executable, "-c", "from flows.worker import record_crashed; "
