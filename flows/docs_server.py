@@ -6,6 +6,7 @@ params.yaml moves both (a Makefile port beside the params drifted from the link)
 from __future__ import annotations
 
 import argparse
+import errno
 import functools
 import sys
 from http.server import SimpleHTTPRequestHandler
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--params", default="params.yaml")
     args = ap.parse_args(argv)
+    port = None
     try:
         folder, port = docs_address(load_params(args.params))
         refresh_index(folder)  # sites DVC restored (run cache, checkout) had no validation to list them
@@ -39,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         server = LoopbackHTTPServer(("127.0.0.1", port), handler)
     except Exception as e:  # a taken port or a bad params file: one line (README: exit codes)
         code, line = describe(e)
+        if isinstance(e, OSError) and e.errno == errno.EADDRINUSE:  # it named neither the port nor the key
+            line += f": port {port} of paths.docs_url is taken (another `make docs`/`make ui`?); free it or change it"
         print(line, file=sys.stderr)
         return code
     print(f"Data Docs: http://127.0.0.1:{port}/index.html (serving {folder})", flush=True)
