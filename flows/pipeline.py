@@ -11,6 +11,7 @@ if __name__ == "__main__":  # a command: a Ctrl-C or SIGTERM during the imports 
 
 import json
 import os
+import re
 import sys
 from typing import Literal
 
@@ -82,6 +83,7 @@ def main(argv: list[str]) -> int:
               f"Prefect: every stage, or only the named ones in DAG order.\nstages: {', '.join(PIPELINE)}")
         return 0
     params_file, stages = (argv[0], argv[1:]) if argv else ("params.yaml", [])
+    given = params_file
     try:
         params_file = enter_project(params_file)
         p = load_params(params_file)  # a bad file fails before any Prefect server starts
@@ -103,7 +105,10 @@ def main(argv: list[str]) -> int:
     if not state.is_completed():
         if interrupts.requested():  # a Ctrl-C that an import turned into a stage's error
             return _interrupted()
-        print(state.message, file=sys.stderr)
+        line = state.message or ""
+        if given != "params.yaml":  # the hint to run an input stage names the run's params file, as python -m tasks
+            line = re.sub(r"`python -m tasks (\S+)`", rf"`python -m tasks \1 --params {given}`", line)
+        print(line, file=sys.stderr)
         return exit_code_of(state.message or "")
     out = state.result()
     print({s: {k: v.get(k) for k in ("docs_in", "docs_out")} for s, v in out.items()})

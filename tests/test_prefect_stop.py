@@ -309,6 +309,18 @@ def test_an_unreachable_dask_scheduler_is_refused_before_the_stage_changes_anyth
     assert source.index("check_reachable(p.runner)") < source.index("stage_lock(p, stage)")
 
 
+def test_a_pipeline_on_another_params_file_names_it_in_the_hint(server, tmp_path):
+    """An operator drill: `python -m flows.pipeline other.yaml filter` without extract said "run `python -m tasks
+    extract` first", which runs on params.yaml's data folder; python -m tasks names the --params file."""
+    params = tmp_path / "other.yaml"
+    params.write_text((REPO / "params.yaml").read_text().replace("  data_dir: data ", f"  data_dir: {tmp_path / 'data'} "))
+    out = subprocess.run([sys.executable, "-m", "flows.pipeline", str(params), "filter"], cwd=REPO, capture_output=True,
+                         text=True, timeout=600, env=server)
+    assert out.returncode == 4, out.stderr[-3000:]
+    assert out.stderr.splitlines()[-1].endswith(f"run `python -m tasks extract --params {params}` first"), \
+        out.stderr[-3000:]
+
+
 def test_a_killed_run_the_worker_cannot_record_is_one_line():
     env = {**os.environ, "PREFECT_API_URL": f"http://127.0.0.1:{free_port()}/api"}  # nothing listens there
     out = subprocess.run([sys.executable, "-c", "from flows.worker import record_crashed; "
