@@ -297,6 +297,15 @@ def test_the_suite_checks_the_docs_scored_and_metrics_json(tmp_path, benchmarks_
         validate_stage("evaluate", p)
     assert failed.value.failures == ["expect_column_values_to_be_between on column 'metrics_json_differs': 1 in the "
                                      "whole output"]
+    # a NaN stderr, and a second row for the same (task, shots, metric): both passed (a review)
+    row = {"task": "wic", "shots": 0, "metric": "acc", "value": 0.5, "stderr": float("nan"), "n": 5, "skipped": 0,
+           "cut": 0}
+    write_results(out, [{**row, "value": 0.7, "stderr": 0.1}, row], [], prov, 1.0)
+    with pytest.raises(ExpectationFailed) as failed:
+        validate_stage("evaluate", p)
+    assert {f.split(":")[0] for f in failed.value.failures} == {
+        "expect_column_values_to_be_between on column 'stderr_invalid'",
+        "expect_column_values_to_be_between on column 'rows_for_it'"}, failed.value.failures
 
 
 def test_generation_greedy_and_sampled(lm):

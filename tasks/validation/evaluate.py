@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
@@ -19,7 +20,9 @@ def expectations() -> list:
             gx.expectations.ExpectColumnValuesToBeBetween(column="perplexity_invalid", min_value=0, max_value=0),
             gx.expectations.ExpectColumnValuesToBeBetween(column="n", min_value=1),
             gx.expectations.ExpectColumnValuesToBeBetween(column="missing", min_value=0, max_value=0),
-            gx.expectations.ExpectColumnValuesToBeBetween(column="docs_not_the_tasks", min_value=0, max_value=0)]
+            gx.expectations.ExpectColumnValuesToBeBetween(column="docs_not_the_tasks", min_value=0, max_value=0),
+            gx.expectations.ExpectColumnValuesToBeBetween(column="stderr_invalid", min_value=0, max_value=0),
+            gx.expectations.ExpectColumnValuesToBeBetween(column="rows_for_it", min_value=0, max_value=1)]
 
 
 def totals_expectations() -> list:
@@ -49,6 +52,7 @@ def batches(p, results_dir: Path):
     from tasks.evaluate.run import RESULTS
     results = json.loads((Path(results_dir) / RESULTS).read_text(encoding="utf-8"))
     got = {(r["task"], r["shots"], r["metric"]): r for r in results["rows"]}
+    count = Counter((r["task"], r["shots"], r["metric"]) for r in results["rows"])  # a second, other row passed
     rows = []
     for task in p.evaluate.tasks:
         docs, _ = render(load_task(task, Path(p.paths.benchmarks_dir), fewshot=False), fewshot_pool=False)
@@ -60,7 +64,11 @@ def batches(p, results_dir: Path):
                 rows.append({"row": f"{task} {shots}-shot {metric}", "n": r["n"] if r else 0, "missing": int(r is None),
                              "docs_not_the_tasks": int(r is not None and r["n"] + r.get("skipped", 0) != expected),
                              "accuracy_out_of_range": int(metric != "perplexity" and not 0 <= v <= 1),
-                             "perplexity_invalid": int(metric == "perplexity" and not (math.isfinite(v) and v >= 1))})
+                             "perplexity_invalid": int(metric == "perplexity" and not (math.isfinite(v) and v >= 1)),
+                             # None where one doc gives none; NaN or negative passed
+                             "stderr_invalid": int(r is not None and r.get("stderr") is not None
+                                                   and not (math.isfinite(r["stderr"]) and r["stderr"] >= 0)),
+                             "rows_for_it": count[(task, shots, metric)]})
     frame = pd.DataFrame(rows)
     # a "shard" per result row: a failure names its task, shots and metric (it said "in shard results")
     yield Batch(frame, [(row["row"], i, i + 1) for i, row in enumerate(rows)] or [("results", 0, 0)])
