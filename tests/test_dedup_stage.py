@@ -208,6 +208,12 @@ def test_the_suite_finds_a_keeper_of_lower_priority_or_itself_removed(tmp_path):
            "(e.g. Wiki/0 for CC/1)" in failed.value.failures
     assert "expect_column_values_to_be_between on column 'removed_for_a_removed_copy': 1 in the whole output " \
            "(e.g. CC/2 for Wiki/0)" in failed.value.failures
+    with removed.open("wb") as fh:  # a near copy left in by the components: the re-check finds the pair
+        np.savez(fh, dup_of=np.array([-1, -1, 0]), reason=np.array([0, 0, reason[2]]))
+    with pytest.raises(ExpectationFailed) as failed:
+        validate_stage("dedup", p)
+    assert any(f.startswith("expect_column_values_to_be_between on column 'kept_pair_above_threshold': 1 unexpected")
+               for f in failed.value.failures), failed.value.failures
 
 
 def test_params_are_checked():

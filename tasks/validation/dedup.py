@@ -14,11 +14,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tasks.core.passes import load_stored
 from tasks.core.stage import Context
 from tasks.dedup.exact import docs_of, layout_of
 from tasks.dedup.graph import _candidate_sets, _jaccard, removed_of
 from tasks.dedup.lsh import band_keys
-from tasks.dedup.signing import read, signature_files
+from tasks.dedup.signing import signature_files
 from tasks.validation import doc_checks
 
 COLUMNS = ("kept_pair_above_threshold", "kept_but_removed")
@@ -73,6 +74,39 @@ def _violations(pairs, local, sets, off, threshold):  # pragma: no cover - compi
     return out
 
 
+KEY_ROWS = 1 << 16  # signatures hashed into band keys at a time
+
+
+def _bucket_mates(ctx: Context, kept: np.ndarray, sample: np.ndarray, bands: int, rows: int) -> list[list]:
+    """Per band, (global indices, keys) of the kept documents whose key in that band is a sampled one's, read a
+    chunk of signatures at a time: the whole [documents, bands] key table, and a copy, was ~600 bytes a document
+    (2M documents: 1.2 GB beside a stage's 300 MB)."""
+    files = signature_files(ctx)
+    sampled, start = [], 0
+    for f in files:
+        sig = load_stored(f, "sig")
+        here = sample[(sample >= start) & (sample < start + len(sig))] - start
+        if len(here):
+            sampled.append(band_keys(np.asarray(sig[here]), bands, rows))
+        start += len(sig)
+    wanted = np.concatenate(sampled) if sampled else np.zeros((0, bands), np.uint64)
+    is_kept = np.zeros(start, dtype=bool)
+    is_kept[kept] = True
+    members: list[list] = [[] for _ in range(bands)]
+    start = 0
+    for f in files:
+        sig = load_stored(f, "sig")
+        for a in range(0, len(sig), KEY_ROWS):
+            keys = band_keys(np.asarray(sig[a:a + KEY_ROWS]), bands, rows)
+            idx = np.arange(start + a, start + a + len(keys))
+            for b in range(bands):
+                hit = is_kept[idx] & np.isin(keys[:, b], wanted[:, b])
+                if hit.any():
+                    members[b].append((idx[hit], keys[hit, b]))
+        start += len(sig)
+    return members
+
+
 def recheck(p, ctx: Context, docs: dict, dup_of: np.ndarray) -> dict[str, int]:
     """Id of each sampled kept document -> how many kept bucket mates are duplicates of it after all."""
     d, layout = p.dedup, layout_of(ctx)
@@ -82,16 +116,17 @@ def recheck(p, ctx: Context, docs: dict, dup_of: np.ndarray) -> dict[str, int]:
     rng = np.random.default_rng(d.seed)
     sample = np.sort(rng.choice(kept, size=min(d.recheck_docs, len(kept)), replace=False))
     bands, rows = d.lsh()
-    keys = np.concatenate([band_keys(read(f, "sig")[0], bands, rows) for f in signature_files(ctx)])[kept]
+    members = _bucket_mates(ctx, kept, sample, bands, rows)
     # pairs as one int64 (low x n + high), deduplicated band by band; each sampled member meets at most
     # max_centers mates of a run, the stage's own bound: on templated pages (a third of a site's pages in each
     # band's bucket, none a duplicate) every pair of every band, deduplicated row-wise, took ~330 KB a page
     n, codes = np.int64(len(dup_of)), np.zeros(0, np.int64)
     for b in range(bands):
-        k = keys[:, b]
-        mine = np.isin(k, k[np.isin(kept, sample)])
-        order = np.argsort(k[mine], kind="stable")
-        ks, idx = k[mine][order], kept[mine][order]
+        if not members[b]:
+            continue
+        idx, k = np.concatenate([i for i, _ in members[b]]), np.concatenate([x for _, x in members[b]])
+        order = np.argsort(k, kind="stable")  # stable: a run's members stay in global-index order
+        ks, idx = k[order], idx[order]
         edge = np.flatnonzero(ks[1:] != ks[:-1]) + 1
         band = []
         for lo, hi in zip(np.concatenate([[0], edge]), np.concatenate([edge, [len(ks)]])):
