@@ -226,20 +226,6 @@ def test_a_fact_about_the_whole_output_is_checked_once_whatever_the_rows(tmp_pat
     assert run_suite("dedup", doc_checks.expectations(), iter(two[:1]), tmp_path / "docs3", totals=totals(0)).success
 
 
-def test_a_text_of_whitespace_only_is_refused_as_empty(extracted, tmp_path):
-    """A review: a document whose text is spaces and newlines passed as one of that many characters."""
-    data = tmp_path / "data"
-    shutil.copytree(extracted.paths.data_dir, data, ignore=shutil.ignore_patterns("docs"))
-    shard = sorted((data / "extract/shards").glob("*.parquet"))[0]
-    rows = pq.read_table(shard).to_pylist()
-    rows[0]["text"] = " \n\u00a0\t "
-    pq.write_table(pa.Table.from_pylist(rows, schema=DOC_SCHEMA), shard)
-    with pytest.raises(ExpectationFailed) as e:
-        validate_stage("extract", parse_params(small_raw(data)))
-    assert e.value.failures == [f"expect_column_values_to_be_between on column 'text_chars': 1 unexpected in shard "
-                                f"{shard.name}"]
-
-
 def test_a_null_text_or_language_is_refused(tmp_path):
     """GX's range and set expectations pass nulls: a document with no text or no language passed the
     document checks (a review's mutation, on a shard adopted as it was)."""

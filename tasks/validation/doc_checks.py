@@ -119,8 +119,7 @@ def _shard_table(f: Path, extra_columns: Callable[[pa.Table, Path], dict] | None
     """One read per shard: `text` becomes its length, plus any columns derived from the text."""
     t = pq.read_table(f)
     extra = extra_columns(t, f) if extra_columns else {}
-    # the characters of the text less its surrounding whitespace: a text of spaces only passed as one of 3 characters
-    t = t.set_column(t.schema.get_field_index("text"), "text_chars", pc.utf8_length(pc.utf8_trim_whitespace(t["text"])))
+    t = t.set_column(t.schema.get_field_index("text"), "text_chars", pc.utf8_length(t["text"]))
     for name, values in extra.items():
         t = t.append_column(name, pa.array(values))
     return t
