@@ -114,11 +114,12 @@ def _evaluate_checkpoints(params: PipelineParams, params_file: str | None, check
         new, failed = e.new, e
     folders = [ckpts] + [f for f in previous if f.is_dir()]
     every = hist.read_history(history)
-    entries = hist.current(every, p.evaluate, p.paths.benchmarks_dir)  # a curve of one set of tasks and docs
+    settings = hist.settings_of(p.evaluate, p.paths.benchmarks_dir)
+    entries = hist.current(every, settings)  # a curve of one set of tasks and docs
     logger.info("evaluated %d new checkpoint(s) of %s; history holds %d with these settings (%d in all)", len(new),
                 " and ".join(str(f) for f in folders), len(entries), len(every))
     create_markdown_artifact(key="evaluation-history", markdown=history_markdown(
-                                 entries, len(new), hist.settings_of(p.evaluate, p.paths.benchmarks_dir), len(every) - len(entries)),
+                                 entries, len(new), settings, len(every) - len(entries)),
                              description="Every evaluated checkpoint of the training run")
     if failed:
         raise failed

@@ -11,7 +11,6 @@ if __name__ == "__main__":  # a command: a Ctrl-C or SIGTERM during the imports 
 
 import json
 import os
-import re
 import sys
 from typing import Literal
 
@@ -23,7 +22,7 @@ from flows.artifacts import publish_summary
 from flows import command_line
 from flows.stages import DEFAULT_PARAMS, STAGE_FLOWS, failed, resolve
 from tasks.core.config import PipelineParams, enter_project, load_params
-from tasks.core.errors import ConfigError, describe, exit_code_of
+from tasks.core.errors import ConfigError, describe, exit_code_of, naming_params
 from tasks.core import interrupts, registry
 from tasks.core.registry import PIPELINE
 from tasks.core.runner import VALIDATION_CODE, stats_path
@@ -105,10 +104,7 @@ def main(argv: list[str]) -> int:
     if not state.is_completed():
         if interrupts.requested():  # a Ctrl-C that an import turned into a stage's error
             return _interrupted()
-        line = state.message or ""
-        if given != "params.yaml":  # the hint to run an input stage names the run's params file, as python -m tasks
-            line = re.sub(r"`python -m tasks (\S+)`", rf"`python -m tasks \1 --params {given}`", line)
-        print(line, file=sys.stderr)
+        print(naming_params(state.message or "", given), file=sys.stderr)  # as python -m tasks names it
         return exit_code_of(state.message or "")
     out = state.result()
     print({s: {k: v.get(k) for k in ("docs_in", "docs_out")} for s, v in out.items()})

@@ -48,10 +48,7 @@ def flow_runs(worker: int) -> list[int]:
 
 
 def _runs_engine(pid: int) -> bool:
-    try:
-        return b"prefect.engine" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:  # gone meanwhile
-        return False
+    return b"prefect.engine" in (_cmdline(pid) or b"")
 
 
 def flow_run_id(pid: int) -> str | None:
@@ -65,9 +62,8 @@ def flow_run_id(pid: int) -> str | None:
 
 def _forks_not_yet_run(worker: int) -> list[int]:
     """The worker's children that are still copies of it: a run it forked and has not exec'd yet."""
-    try:
-        own = Path(f"/proc/{worker}/cmdline").read_bytes()
-    except OSError:
+    own = _cmdline(worker)
+    if own is None:
         return []
     children = [pid for pid, fields in lifeline.live_processes() if int(fields[1]) == worker]
     return [pid for pid in children if _cmdline(pid) == own]

@@ -17,7 +17,6 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
 import argparse  # noqa: E402 - after the sys.path repair above
 import json  # noqa: E402
-import re  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -26,7 +25,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 def main(argv: list[str] | None = None) -> int:
     from tasks.core import interrupts
-    from tasks.core.errors import describe
+    from tasks.core.errors import describe, naming_params
 
     ap = argparse.ArgumentParser(prog="python -m tasks", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -42,8 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         if interrupts.requested():  # a Ctrl-C that an import turned into an error (ImportError: ... failed)
             return interrupts.interrupted(stopped)
         code, line = describe(e)
-        if args.params != "params.yaml":  # the hint to run an input stage names the same params file
-            line = re.sub(r"`python -m tasks (\S+)`", rf"`python -m tasks \1 --params {args.params}`", line)
+        line = naming_params(line, args.params)  # the hint to run an input stage names the same file
         if args.verbose:
             traceback.print_exc()
         print(line, file=sys.stderr)

@@ -72,7 +72,7 @@ def test_other_settings_evaluate_every_checkpoint_again_and_the_history_shows_on
     same = CFG.model_copy(update={"token_budget": 4096, "device": "cpu", "generation": CFG.generation.model_copy(
         update={"max_new_tokens": 4})})
     assert history.evaluate_new(ckpts, tok, same, benchmarks_dir, out, {}) == []
-    shown = history.current(history.read_history(out), CFG, benchmarks_dir)
+    shown = history.current(history.read_history(out), history.settings_of(CFG, benchmarks_dir))
     assert shown == first
     text = history_markdown(shown, 0, history.settings_of(CFG, benchmarks_dir), 4)
     assert "Evaluated with: boolq, wic; 0-shot; 4 docs per task; seed 1234." in text
@@ -112,9 +112,9 @@ def test_entries_from_before_settings_were_recorded_count_when_their_tasks_and_s
                                                for e in lines))
     assert history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, out, {}) == []
     every = history.read_history(out)
-    assert len(history.current(every, CFG, benchmarks_dir)) == 2
+    assert len(history.current(every, history.settings_of(CFG, benchmarks_dir))) == 2
     assert "2 of them were evaluated before entries recorded their settings" in history_markdown(
-        history.current(every, CFG, benchmarks_dir), 0, history.settings_of(CFG, benchmarks_dir))
+        history.current(every, history.settings_of(CFG, benchmarks_dir)), 0, history.settings_of(CFG, benchmarks_dir))
     one_shot = CFG.model_copy(update={"shots": ["one"]})  # other shots: evaluated again
     assert [e["step"] for e in history.evaluate_new(ckpts, tok, one_shot, benchmarks_dir, out, {})] == [10, 20]
 

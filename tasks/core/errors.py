@@ -184,6 +184,14 @@ def from_line(line: str, suffix: str = "") -> PipelineError:
     return TrainingError(line + suffix)
 
 
+def naming_params(line: str, params_file: str) -> str:
+    """`line` with its hints to run a stage (`python -m tasks <stage>`) naming the params file of this run,
+    when it is not the default: the hint alone ran on params.yaml's data folder."""
+    if params_file == "params.yaml":
+        return line
+    return re.sub(r"`python -m tasks (\S+)`", rf"`python -m tasks \1 --params {params_file}`", line)
+
+
 def exit_code_of(line: str) -> int:
     """The exit code a line made by `describe` stands for (Prefect states carry only the line)."""
     for cls in (ConfigError, InputFileError, ExpectationFailed, UnfinishedInput):

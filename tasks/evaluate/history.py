@@ -140,12 +140,11 @@ def unrecorded(entry: dict) -> bool:
     return "settings" not in entry
 
 
-def current(entries: list[dict], cfg: EvaluateParams, benchmarks_dir: str | Path) -> list[dict]:
-    """The entries evaluated with cfg's settings on these task files. An entry from before settings were
-    recorded counts as one when it scored the same tasks and shot counts (its limit and seed are not known),
-    and one from before the task files were recorded when its other settings are these: the upgrade neither
-    evaluates every checkpoint again nor loses those that training has pruned since."""
-    settings = settings_of(cfg, benchmarks_dir)
+def current(entries: list[dict], settings: dict) -> list[dict]:
+    """The entries evaluated with `settings` (settings_of: it hashes every task file, so once per pass). An
+    entry from before settings were recorded counts as one when it scored the same tasks and shot counts (its
+    limit and seed are not known), and one from before the task files were recorded when its other settings
+    are these: the upgrade neither evaluates every checkpoint again nor loses those that training has pruned since."""
     before_data = {k: v for k, v in settings.items() if k != "data"}
     scored = _scored(settings)
     return [e for e in entries if e.get("settings") in (settings, before_data)
@@ -172,7 +171,7 @@ def evaluate_new(checkpoints_dir: Path | Sequence[Path], tokenizer: Path, cfg: E
     settings = settings_of(cfg, benchmarks_dir)
     dirs = [Path(checkpoints_dir)] if isinstance(checkpoints_dir, (str, Path)) else [Path(d) for d in checkpoints_dir]
     with _lock(history_dir):
-        done = {e["checkpoint"] for e in current(read_history(history_dir), cfg, benchmarks_dir)}
+        done = {e["checkpoint"] for e in current(read_history(history_dir), settings)}
         # each folder listed when reached: a run moved to work.previous/ during the pass is found there
         for folder in (c for d in dirs for c in complete_checkpoints(d)):
             try:

@@ -82,11 +82,6 @@ def span_hash(cp, lo, hi):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, inline="always")
-def is_letter(c):  # a letter, not a digit (the regex class [^\\W\\d_] spaCy's hyphen infix uses)
-    return is_alpha(c)
-
-
-@numba.njit(cache=True, inline="always")
 def punct_run(cp, lo, hi):
     """Length of the token starting at lo: a run of 2+ identical . ' or - is one token, else 1 character."""
     c, k = cp[lo], 1

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from tasks.core.passes import load_stored
 from tasks.core.stage import Context
-from tasks.dedup.exact import docs_of, layout_of
+from tasks.dedup.exact import doc_column, docs_of, layout_of
 from tasks.dedup.graph import _candidate_sets, _jaccard, removed_of
 from tasks.dedup.lsh import band_keys
 from tasks.dedup.signing import signature_files
@@ -52,17 +52,16 @@ def keepers(p) -> dict:
     """Removed documents whose kept copy was removed too, or is from a dataset of lower priority (MT-NLG's rule:
     keep the copy of the highest-priority dataset): a components pass choosing the wrong keeper passed."""
     ctx = Context("dedup", str(p.paths.data_dir), p.dedup.input_stage)
-    docs, (dup_of, _) = docs_of(ctx), removed_of(ctx)
+    (dup_of, _), rank, ids = removed_of(ctx), doc_column(ctx, "rank"), doc_column(ctx, "ids")  # mapped: no id read
     removed = np.flatnonzero(dup_of >= 0)
     keeper = dup_of[removed]
     facts = {}
     for name, bad in (("removed_for_a_removed_copy", dup_of[keeper] >= 0),
-                      ("removed_for_a_lower_priority_copy", docs["rank"][keeper] > docs["rank"][removed])):
+                      ("removed_for_a_lower_priority_copy", rank[keeper] > rank[removed])):
         facts[name] = int(bad.sum())
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            facts[f"{name}_where"] = (f"e.g. {docs['ids'][removed[i]].decode('utf-8')} for "
-                                      f"{docs['ids'][keeper[i]].decode('utf-8')}")
+            facts[f"{name}_where"] = f"e.g. {ids[removed[i]].decode('utf-8')} for {ids[keeper[i]].decode('utf-8')}"
     return facts
 
 
@@ -99,8 +98,9 @@ def _bucket_mates(ctx: Context, kept: np.ndarray, sample: np.ndarray, bands: int
         for a in range(0, len(sig), KEY_ROWS):
             keys = band_keys(np.asarray(sig[a:a + KEY_ROWS]), bands, rows)
             idx = np.arange(start + a, start + a + len(keys))
+            alive = is_kept[idx]
             for b in range(bands):
-                hit = is_kept[idx] & np.isin(keys[:, b], wanted[:, b])
+                hit = alive & np.isin(keys[:, b], wanted[:, b])
                 if hit.any():
                     members[b].append((idx[hit], keys[hit, b]))
         start += len(sig)
