@@ -174,3 +174,38 @@ def test_a_stage_whose_code_changed_while_the_run_was_under_way_is_not_recorded(
     assert record_in_dvc(["sample"], load_params("params.yaml")) == (
         "not recorded in dvc.lock: the code of sample changed while the run was under way (the outputs are the "
         "old code's; the next run redoes them)")
+
+
+def test_dvc_repro_beside_a_running_stage_stops_before_deleting_its_input(tmp_path, monkeypatch):
+    """DVC deletes a stage's outputs before its command runs: a `dvc repro -f -s tokenize` beside a running
+    train took the tokenizer from under it, and only then did the stage's own lock refuse. A running stage
+    now holds DVC's repository lock (shared), which DVC takes before it deletes anything."""
+    import zc.lockfile
+
+    from tasks.core.config import load_params
+    from tasks.core.errors import StageBusy
+    from tasks.core.runner import stage_lock
+    root = small_dvc_project(tmp_path / "repo", git=True)
+    monkeypatch.chdir(root)
+    corpus = root / "data/sample/corpus"
+    corpus.mkdir(parents=True)
+    (corpus / "part-0.warc.gz").write_bytes(b"read by download")
+    p = load_params("params.yaml")
+    with stage_lock(p, "download"):  # download reads sample's corpus
+        out = subprocess.run([str(BIN / "dvc"), "repro", "-f", "-s", "sample"], cwd=root, env=ENV,
+                             capture_output=True, text=True)
+        assert out.returncode != 0 and "Unable to acquire lock" in out.stderr + out.stdout, out.stdout + out.stderr
+        assert (corpus / "part-0.warc.gz").read_bytes() == b"read by download"
+        with stage_lock(p, "tokenize"):  # stages share it: another stage starts beside it
+            pass
+    # the other way round: a stage does not start while a DVC command holds it
+    held = zc.lockfile.LockFile(str(root / ".dvc/tmp/lock"))
+    try:
+        with pytest.raises(StageBusy, match=r"^a DVC command is running in .*\(it holds \.dvc/tmp/lock\): wait for it"):
+            with stage_lock(p, "download"):
+                pass
+        other = p.model_copy(update={"paths": p.paths.model_copy(update={"data_dir": str(tmp_path / "elsewhere")})})
+        with stage_lock(other, "download"):  # outputs DVC does not track: DVC's lock is not theirs to wait for
+            pass
+    finally:
+        held.close()

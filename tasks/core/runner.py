@@ -111,10 +111,40 @@ def stage_lock(p: PipelineParams, name: str) -> Iterator[None]:
                         else f"its input stage '{stage}' is running")
                 raise StageBusy(f"stage '{name}' cannot start: {what}, in {p.paths.data_dir}") from None
             held.append(fh)
+        if dvc_lock := _dvc_repo_lock(p):
+            held.append(dvc_lock)
         yield
     finally:
         for fh in held:
             fh.close()
+
+
+def _dvc_repo_lock(p: PipelineParams):
+    """DVC's repository lock (.dvc/tmp/lock), shared, while a stage writes the outputs dvc.yaml tracks. `dvc
+    repro` deletes a stage's outputs before its command runs, so a `dvc repro -f -s tokenize` beside a running
+    train took the tokenizer from under it before the stage's own lock could refuse; DVC takes this lock
+    first (exclusive, zc.lockfile's flock) and now stops with its "Unable to acquire lock" instead. Stages
+    can share it, and `dvc repro`'s own stages can take it: DVC lets go of it while a stage's command runs.
+    None where DVC tracks nothing of this run (another data_dir), or with no .dvc/ here."""
+    from tasks.core.config import untracked_data_dir
+    root = Path.cwd()
+    if not (root / ".dvc").is_dir() or not (root / "dvc.yaml").is_file() or untracked_data_dir(p.paths.data_dir, root):
+        return None
+    try:
+        (root / ".dvc" / "tmp").mkdir(exist_ok=True)
+        fh = open(root / ".dvc" / "tmp" / "lock", "a+")
+    except OSError:  # a read-only checkout: DVC cannot run there either
+        return None
+    try:
+        fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.close()
+        raise StageBusy(f"a DVC command is running in {root} (it holds .dvc/tmp/lock): wait for it, "
+                        "then rerun") from None
+    except OSError:  # a file system without flock: as for the stage locks' folders, no lock
+        fh.close()
+        return None
+    return fh
 
 
 def _run_sharded(st: Stage, ps: ShardedPass, p: PipelineParams, ctx: Context, map_shards: MapShards,
