@@ -54,10 +54,12 @@ def pretraining_pipeline(params: PipelineParams = DEFAULT_PARAMS, params_file: s
         for i, s in enumerate(chosen):
             if registry.stage(s).cites_lineage and i:  # its provenance reads dvc.lock: record what is done
                 get_run_logger().info(record_in_dvc(chosen[:i], p))
+            before = _stats_stamp(p, s)
             state = STAGE_FLOWS[s](params=p, return_state=True)
             interrupts.raise_if_requested()  # a Ctrl-C as the stage's flow run ended, which Prefect drops
             if not state.is_completed():  # the stage's one line becomes the pipeline's state message
-                rows.append({"stage": s, "stats": _stats_or_none(p, s), "error": state.message})
+                rows.append({"stage": s, "error": state.message, "artifact": _stage_artifact(state, s),
+                             "stats": _stats_or_none(p, s) if _stats_stamp(p, s) != before else None})
                 get_run_logger().error("stage %s: %s", s, state.message)
                 publish_summary(rows, p, f"failed at stage {s}")
                 return Failed(message=state.message)
@@ -68,6 +70,37 @@ def pretraining_pipeline(params: PipelineParams = DEFAULT_PARAMS, params_file: s
         return {r["stage"]: r["stats"] for r in rows}
     except Exception as e:
         return failed(e)
+
+
+def _stats_stamp(p: PipelineParams, stage: str) -> tuple | None:
+    """Which stats.json is there: a failed stage's row shows its stats only if this run wrote them (a failed
+    validation); a stage that stopped before them left the previous run's, which the summary showed as this
+    run's numbers, "passed"."""
+    try:
+        st = stats_path(p, stage).stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def _stage_artifact(state, stage: str) -> str | None:
+    """The artifact a failed stage's flow run published (a failed validation's report), for the summary's
+    link; None when it published none, or the server cannot say."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+    from flows.artifacts import artifact_key
+    run_id = state.state_details.flow_run_id
+    if run_id is None:
+        return None
+    try:
+        with get_client(sync_client=True) as client:
+            found = client.read_artifacts(artifact_filter=ArtifactFilter(
+                flow_run_id=ArtifactFilterFlowRunId(any_=[run_id]), key=ArtifactFilterKey(any_=[artifact_key(stage, "stats")])),
+                limit=1)
+    except Exception as e:  # noqa: BLE001 - the summary goes out without the link rather than not at all
+        get_run_logger().debug("the artifact of stage %s: %s", stage, e)
+        return None
+    return str(found[0].id) if found else None
 
 
 def _stats_or_none(p: PipelineParams, stage: str) -> dict | None:

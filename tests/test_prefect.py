@@ -189,6 +189,7 @@ def test_a_failing_stage_fails_the_run_with_the_cli_line(server, tmp_path):
     import shutil
 
     from tests.conftest import BENCHMARKS
+    from tests.test_curated import a_failed_validation_planted
 
     repo = copy_project(tmp_path / "repo")
     bench = tmp_path / "bench"
@@ -197,6 +198,9 @@ def test_a_failing_stage_fails_the_run_with_the_cli_line(server, tmp_path):
     raw = yaml.safe_load((repo / "params.yaml").read_text())
     raw["paths"]["benchmarks_dir"] = str(bench)
     (repo / "params.yaml").write_text(yaml.safe_dump(raw))
+    # a previous run's stats: the failed stage's row showed them as this run's, "passed"
+    (repo / "data/sample").mkdir(parents=True)
+    (repo / "data/sample/stats.json").write_text(json.dumps({"stage": "sample", "docs_out": 777, "wall_seconds": 9.5}))
     since = now()
     out = subprocess.run([sys.executable, "-m", "flows.pipeline", "params.yaml"], cwd=repo, env=server,
                          capture_output=True, text=True, timeout=600)
@@ -208,6 +212,26 @@ def test_a_failing_stage_fails_the_run_with_the_cli_line(server, tmp_path):
         if r["state_type"] != "COMPLETED":
             failed.setdefault(api(server, f"/flows/{r['flow_id']}")["name"], []).append(r["state"]["message"])
     assert failed == {"pretraining-pipeline": [line], "stage-sample": [line]}  # the sample plants task passages
+    row = summary_row(server, since, "sample")
+    assert "777" not in row and "9.5" not in row and "artifact" not in row and "input file error" in row, row
+
+    # a failed validation: its row links the report the stage published (it was not linked)
+    (bench / "boolq/dev.jsonl").write_text((BENCHMARKS / "boolq/dev.jsonl").read_text(encoding="utf-8"), encoding="utf-8")
+    since = now()
+    failing = a_failed_validation_planted("flows.stages", "from flows.pipeline import main; "
+                                                          "sys.exit(main(['params.yaml', 'sample']))")
+    out = subprocess.run([sys.executable, "-c", failing], cwd=repo, env=server, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 3, out.stderr[-3000:]
+    row = summary_row(server, since, "sample")
+    assert "[artifact](" in row and "a planted failure" in row, row
+
+
+def summary_row(env: dict, since: str, stage: str) -> str:
+    """The stage's row in the pipeline-summary artifact of the pipeline run that started after `since`."""
+    run = next(r for r in runs_since(env, since) if api(env, f"/flows/{r['flow_id']}")["name"] == "pretraining-pipeline")
+    arts = api(env, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [run["id"]]}}})
+    summary = next(a for a in arts if a["key"] == "pipeline-summary")
+    return next(x for x in summary["data"].splitlines() if x.startswith(f"| {stage} |"))
 
 
 def _chromium():
