@@ -130,3 +130,20 @@ def test_a_quick_run_refuses_a_params_yaml_that_does_not_read(tmp_path):
         "configuration error: params.yaml: download.retries: Input should be less than or equal to 20 (got 50) "
         "(a quick run reads params.yaml: fix it, or give the run its parameters)"), out.stdout + out.stderr
     assert out.stdout.splitlines()[1] == "3"
+
+
+@pytest.mark.parametrize("profile, needle", [
+    ({"parallel": {"tp": 1, "pp": 2, "dp": 1, "micro_batch": 4, "global_batch": 10}},
+     "train.profiles.sample: global_batch 10 is not divisible by micro_batch x dp = 4 x 1 = 4"),
+    ({"parallel": {"tp": 3, "pp": 1, "dp": 1, "micro_batch": 4, "global_batch": 8}}, "train.profiles.sample: tp 3 does not divide n_head 4"),
+    ({"schedule": {"rampup_start": 6, "rampup_increment": 4, "rampup_tokens": 64}},
+     "train.profiles.sample: schedule.rampup_start 6 is not a multiple of micro_batch x dp = 4")])
+def test_a_layout_or_ramp_that_cannot_work_is_refused_as_params_yaml_is_read(profile, needle):
+    """A review: it was refused only as train started, after every data stage had run (hours, at scale)."""
+    import yaml
+    raw = yaml.safe_load((Path(__file__).parent.parent / "params.yaml").read_text())
+    sample = raw["train"]["profiles"]["sample"]
+    for key, value in profile.items():
+        sample[key] = {**sample[key], **value}
+    with pytest.raises(ConfigError, match=f"^params: {needle}$".replace("(", r"\(").replace(")", r"\)")):
+        parse_params(raw)

@@ -114,19 +114,26 @@ class OptimParams(Strict):
                             "state; fp16 with dynamic loss scaling (an overflowing step is skipped).")
 
 
+def layout_problem(model: ArchParams, par: ParallelParams) -> str | None:
+    """Why the layout cannot split this network or its batch; None when it can."""
+    if model.n_head % par.tp:
+        return f"tp {par.tp} does not divide n_head {model.n_head}"
+    if par.pp > model.n_layer:
+        return f"pp {par.pp} is larger than n_layer {model.n_layer}: a stage would hold no block"
+    if par.global_batch % (par.micro_batch * par.dp):
+        return (f"global_batch {par.global_batch} is not divisible by micro_batch x dp = "
+                f"{par.micro_batch} x {par.dp} = {par.micro_batch * par.dp}")
+    return None
+
+
 def plan(model: ModelParams, par: ParallelParams, world_size: int) -> tuple[ModelParams, list[str]]:
     """Check a layout before any process group starts: one ConfigError naming the cause. Returns the
     model with its vocabulary padded (padded_vocab: the same size for every tp up to 8), and notes saying so."""
     if world_size != par.world_size:
         raise ConfigError(f"world size {world_size} is not tp x pp x dp = {par.tp} x {par.pp} x {par.dp} "
                           f"= {par.world_size}")
-    if model.n_head % par.tp:
-        raise ConfigError(f"tp {par.tp} does not divide n_head {model.n_head}")
-    if par.pp > model.n_layer:
-        raise ConfigError(f"pp {par.pp} is larger than n_layer {model.n_layer}: a stage would hold no block")
-    if par.global_batch % (par.micro_batch * par.dp):
-        raise ConfigError(f"global_batch {par.global_batch} is not divisible by micro_batch x dp = "
-                          f"{par.micro_batch} x {par.dp} = {par.micro_batch * par.dp}")
+    if why := layout_problem(model, par):
+        raise ConfigError(why)
     padded = padded_vocab(model.vocab_size, par.tp)
     if padded == model.vocab_size:
         return model, []
@@ -186,6 +193,19 @@ class Recipe(Strict):
     schedule: ScheduleParams = ScheduleParams()
     seq_len: int | None = Field(None, ge=1, description="The context length the profile is made for (MT-NLG: "
                                                         "2048); None: the blend's. A blend of another is refused.")
+
+    @model_validator(mode="after")
+    def _layout_and_ramp_fit(self):
+        # what needs no data is refused as params.yaml is read: it was refused only as train started, after
+        # every data stage had run (hours, at scale); the blend's own limits are checked when train starts
+        from trainer.schedule import check
+        if why := layout_problem(self.model, self.parallel):
+            raise ValueError(why)
+        try:
+            check(self.schedule, self.parallel)
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
+        return self
 
 
 class LaunchParams(Strict):
