@@ -147,3 +147,13 @@ def test_a_layout_or_ramp_that_cannot_work_is_refused_as_params_yaml_is_read(pro
         sample[key] = {**sample[key], **value}
     with pytest.raises(ConfigError, match=f"^params: {needle}$".replace("(", r"\(").replace(")", r"\)")):
         parse_params(raw)
+
+
+def test_a_language_cut_below_extracts_is_refused():
+    """A review: extract labels every text under lang_min_confidence 'unknown', so filter.language.min_score 0.3
+    kept none of the texts between 0.3 and 0.5 it was set for, silently."""
+    with pytest.raises(ConfigError, match=r"^params: filter.language.min_score 0.3 is below extract.lang_min_confidence "
+                                          r"0.5: extract labels every text under 0.5 'unknown'"):
+        parse_params({"filter": {"language": {"min_score": 0.3}}})
+    parse_params({"filter": {"language": {"min_score": 0.3}}, "extract": {"lang_min_confidence": 0.3}})
+    parse_params({"filter": {"language": {"min_score": 0.8}}})

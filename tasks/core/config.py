@@ -189,6 +189,16 @@ class PipelineParams(Strict):
             raise ValueError("dask_address is only used with kind: dask")
         return v
 
+    @model_validator(mode="after")
+    def _language_cut_is_reachable(self):
+        # extract labels every text under its cut 'unknown', so a lower filter cut changed nothing, silently
+        cut, kept = self.extract.lang_min_confidence, self.filter.language.min_score
+        if 0 < kept < cut:
+            raise ValueError(f"filter.language.min_score {kept} is below extract.lang_min_confidence {cut}: extract "
+                             f"labels every text under {cut} 'unknown', so it keeps none of them; lower "
+                             f"extract.lang_min_confidence instead")
+        return self
+
 
 def _format(err: ValidationError) -> str:
     lines = []
@@ -199,6 +209,8 @@ def _format(err: ValidationError) -> str:
         got_s = "" if e["type"] == "missing" or isinstance(got, dict) else f" (got {got!r})"
         if e["type"] == "extra_forbidden":
             lines.append(f"{key}: unknown key")
+        elif e["type"] == "value_error" and not e["loc"]:  # a check across sections: its message names their keys
+            lines.append(e["msg"].removeprefix("Value error, "))
         else:  # a validator's own message, without pydantic's "Value error, " before it
             lines.append(f"{key}: {e['msg'].removeprefix('Value error, ')}{got_s}")
     return "; ".join(lines)
