@@ -108,13 +108,15 @@ def _training_docs(p: PipelineParams, ctx: Context) -> dict[str, list[str]]:
                                  + ")" if cls == "pos" and dropped else _present(seen)))
     chosen = {i: (cls, h, k) for cls in picks
               for k, (i, h) in enumerate(split_heldout(cls, picks[cls], c.max_train_docs, c.holdout))}
-    found: dict[str, list[tuple[int, str]]] = {"pos": [], "neg": [], "held_pos": [], "held_neg": []}
+    found: dict[str, list[tuple[int, str]]] = {"pos": [], "neg": [], "held_pos": [], "held_neg": [], "held_neg_scored": []}
     for f in _ruled(ctx):
-        t = pq.read_table(f, columns=["id", "text"])
-        for i, text in zip(t.column("id").to_pylist(), t.column("text").to_pylist()):
+        t = pq.read_table(f, columns=["id", "text", "reason"])
+        for i, text, why in zip(t.column("id").to_pylist(), t.column("text").to_pylist(), t.column("reason").to_pylist()):
             if i in chosen:
                 cls, held, k = chosen[i]
                 found[("held_" if held else "") + cls].append((k, text))
+                if held and cls == "neg" and not why:  # a crawl page the rules kept: what the classifier scores
+                    found["held_neg_scored"].append((k, text))
     # in the order of the id hashes, not of the shards: the fit's floating point follows its rows' order, so
     # another sharding of the same documents gave another model (coefficients 2e-7 apart, most scores changed)
     return {key: [text for _, text in sorted(rows)] for key, rows in found.items()}
@@ -147,9 +149,9 @@ def build_classifier(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
         model = QualityModel.load(c.model_path)
         shutil.copyfile(c.model_path, tmp / "model.npz")
         return {"classifier": "loaded", "classifier_auc": model.meta.get("heldout_auc"),
-                "classifier_scale": model.scale}
+                "classifier_auc_scored": model.meta.get("heldout_auc_scored"), "classifier_scale": model.scale}
     docs = _training_docs(p, ctx)
-    model, report = train(docs["pos"], docs["neg"], docs["held_pos"], docs["held_neg"], c)
+    model, report = train(docs["pos"], docs["neg"], docs["held_pos"], docs["held_neg"], c, docs["held_neg_scored"])
     model.save(tmp / "model.npz")
     return {"classifier": "trained", **report}
 
