@@ -500,6 +500,28 @@ def test_linear_cross_entropy(gpu, dtype, tokens, vocab, hidden, chunk, reductio
     check.linear_cross_entropy("cpu", dtype, tokens, vocab, hidden, chunk, reduction)
 
 
+@pytest.mark.parametrize("dtype, vocab, overflowed", [(torch.float32, 1001, [5]), (torch.float16, 8192, list(range(8, 16)))])
+def test_logits_that_overflowed_to_minus_inf_give_a_finite_loss(gpu, dtype, vocab, overflowed):
+    """A review: a thread whose first logits were all -inf (an fp16 logit past -65504; one logit at vector width 1)
+    computed exp(-inf - -inf) = NaN, kept once a later logit was finite: the loss and every gradient of the row
+    were NaN (torch and Megatron take the row's max first, where -inf adds 0)."""
+    from kernels import reference
+    from kernels.cross_entropy import FusedLinearCrossEntropy
+    torch.manual_seed(0)
+    h = torch.randn(4, 8).to(dtype)
+    h[:, 0] = 4.0
+    w = (torch.randn(vocab, 8) * 0.1).to(dtype)
+    w[overflowed, 0] = -20000.0 if dtype == torch.float16 else -1e38  # finite weights, logits past the range
+    t = torch.tensor([1, 20, 300, 900])
+    assert (h @ w.t()).isneginf().any()
+    hf = h.clone().requires_grad_()
+    loss = FusedLinearCrossEntropy.apply(hf, w, t, -100, "mean", 1024, None, 0, True)
+    loss.backward()
+    assert any("xent_stats" in name for name, _, _ in gpu.launches)
+    expected = reference.linear_cross_entropy(h.double(), w.double().clamp(min=-3e38), t)
+    assert torch.isfinite(hf.grad).all() and loss.item() == pytest.approx(expected.item(), rel=1e-2)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_cross_entropy_weight_gradient_keeps_its_precision_over_chunks(monkeypatch, dtype):
     with emulated(monkeypatch):  # the kernels are race-checked above

@@ -20,6 +20,7 @@ __global__ void xent_stats(const T* __restrict__ logits, const long long* __rest
 #pragma unroll
     for (int k = 1; k < VEC; ++k) vm = fmaxf(vm, a[k]);
     const float nm = fmaxf(m, vm);
+    if (nm == NEG_INF) continue;  // nothing above -inf yet (an fp16 logit overflowed): exp(-inf - -inf) is NaN
     float acc = 0.f;
 #pragma unroll
     for (int k = 0; k < VEC; ++k) acc += __expf(a[k] - nm);
