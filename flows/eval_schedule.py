@@ -20,7 +20,7 @@ from flows import command_line
 from flows.stages import DEFAULT_PARAMS, failed, resolve
 from tasks.core import interrupts
 from tasks.core.config import PipelineParams, enter_project, load_params
-from tasks.core.errors import describe, exit_code_of
+from tasks.core.errors import StageBusy, describe, exit_code_of
 from tasks.core.stage import Context
 from tasks.evaluate import history as hist
 from tasks.evaluate import provenance
@@ -110,12 +110,14 @@ def _evaluate_checkpoints(params: PipelineParams, params_file: str | None, check
     try:
         new = hist.evaluate_new([ckpts] + previous, tokenizer, p.evaluate, Path(p.paths.benchmarks_dir), history, prov,
                                 check=check, say=logger.warning)
-    except hist.CheckpointsUnreadable as e:  # the others were evaluated: the history is published, then this
-        new, failed = e.new, e
+    except StageBusy:  # another pass holds the history: it publishes it
+        raise
+    except Exception as e:  # whatever stopped the pass, what it evaluated is published, then this (the UI kept
+        new, failed = getattr(e, "new", []), e  # an old table when a checkpoint did not fit its model)
     folders = [ckpts] + [f for f in previous if f.is_dir()]
     every = hist.read_history(history)
     settings = hist.settings_of(p.evaluate, p.paths.benchmarks_dir)
-    entries = hist.current(every, settings)  # a curve of one set of tasks and docs
+    entries = hist.current(every, settings, p.paths.benchmarks_dir)  # a curve of one set of tasks and docs
     logger.info("evaluated %d new checkpoint(s) of %s; history holds %d with these settings (%d in all)", len(new),
                 " and ".join(str(f) for f in folders), len(entries), len(every))
     create_markdown_artifact(key="evaluation-history", markdown=history_markdown(

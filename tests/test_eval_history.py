@@ -94,8 +94,8 @@ def test_other_task_files_evaluate_every_checkpoint_again(tmp_path, benchmarks_d
     assert [e["step"] for e in history.evaluate_new(ckpts, tok, CFG, other, out, {})] == [10, 20]
     # entries recorded before the task files were: kept as current (their files are not known), not evaluated again
     lines = [json.loads(x) for x in (out / "history.jsonl").read_text().splitlines()]
-    for e in lines:
-        e["settings"].pop("data")
+    for e in lines:  # nor the code, recorded later still
+        e["settings"].pop("data"), e["settings"].pop("code")
     (out / "history.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
     assert history.evaluate_new(ckpts, tok, CFG, other, out, {}) == []
 
@@ -227,14 +227,79 @@ def test_two_passes_never_run_at_once(tmp_path, benchmarks_dir):
             history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, tmp_path / "history", {})
 
 
-def test_a_checkpoint_whose_tensors_are_of_another_config_is_refused(tmp_path, benchmarks_dir):
+@pytest.mark.parametrize("mismatch", ["tensors of another config", "a model field this code does not know"])
+def test_a_checkpoint_that_does_not_fit_its_model_is_named_and_the_others_are_evaluated(tmp_path, benchmarks_dir, mismatch):
+    """A review: a checkpoint whose tensors or tokenizer do not fit its model (ConfigError), or whose meta.json
+    names a model field this code does not know (a pydantic error), failed the pass at once, on every scheduled
+    run: no later checkpoint was evaluated, and the UI's history was not published again."""
     ckpts, tok = make_run(tmp_path)
     meta = json.loads((ckpts / "step-00000010" / "meta.json").read_text())
-    meta["model"]["d_model"] = 64  # the config says one model, the tensors are another
+    if mismatch == "tensors of another config":
+        meta["model"]["d_model"] = 64  # the config says one model, the tensors are another
+        said = r"tensor wte.weight: shape \(1024, 32\) in the file, \(1024, 64\) in the model"
+    else:
+        meta["model"]["n_layers"] = meta["model"].pop("n_layer")
+        said = r"meta.json: its model is not one this code builds \(.*\): the checkpoint step-00000010 is damaged"
     (ckpts / "step-00000010" / "meta.json").write_text(json.dumps(meta))
-    with pytest.raises(ConfigError, match=r"tensor wte.weight: shape \(1024, 32\) in the file, \(1024, 64\) in the model"):
+    with pytest.raises(history.CheckpointsUnreadable, match=f"1 checkpoint\\(s\\) of .* do not fit their model .*step-00000010 .*{said}"):
         history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, tmp_path / "history", {})
-    assert history.read_history(tmp_path / "history") == []
+    assert [e["step"] for e in history.read_history(tmp_path / "history")] == [20]
+
+
+def test_each_run_is_scored_with_the_tokenizer_its_folder_keeps(tmp_path, benchmarks_dir):
+    """A review: the run before (work.previous/, moved aside by a run on a new blend) was scored with the new
+    blend's tokenizer, silently where both pad to the same vocabulary (1024 here)."""
+    ckpts, tok = make_run(tmp_path)
+    other = tokenizers.train([["Some other words, and a second text. Yes or no?"] * 50], vocab_size=290, min_frequency=1)
+    other.save(str(tmp_path / "new-blend.json"))
+    cfg = EvaluateParams(tasks=["lambada"], shots=["zero"], limit=4)
+
+    def perplexities(default: Path, out: str) -> list[float]:
+        new = history.evaluate_new(ckpts, default, cfg, benchmarks_dir, tmp_path / out, {})
+        return [e["metrics"]["lambada/0-shot/perplexity"] for e in new]
+    trained_with = perplexities(tok, "a")
+    assert perplexities(tmp_path / "new-blend.json", "b") != trained_with  # the wrong tokenizer scores otherwise
+    shutil.copyfile(tok, ckpts.parent / "tokenizer.json")  # the train stage keeps the run's own
+    assert history.run_tokenizer(ckpts, tmp_path / "new-blend.json") == ckpts.parent / "tokenizer.json"
+    assert perplexities(tmp_path / "new-blend.json", "c") == trained_with
+
+
+def test_files_the_evaluated_tasks_do_not_read_leave_the_history_as_it_is(tmp_path, benchmarks_dir):
+    """A review: a README edited, another task's file touched or an editor's swap file evaluated every checkpoint
+    again and hid the earlier ones (pruned by training since) from the curve. Entries whose task-file hash
+    covered the whole folder still count while that folder is as it was."""
+    ckpts, tok = make_run(tmp_path)
+    out, copy = tmp_path / "history", tmp_path / "benchmarks"
+    shutil.copytree(benchmarks_dir, copy)
+    assert [e["step"] for e in history.evaluate_new(ckpts, tok, CFG, copy, out, {})] == [10, 20]
+    (copy / "README.md").write_text("edited\n")
+    (copy / "piqa" / "valid-labels.lst").write_text("0\n")  # not evaluated (CFG: boolq, wic)
+    (copy / "boolq" / ".dev.jsonl.swp").write_bytes(b"vim")
+    assert history.evaluate_new(ckpts, tok, CFG, copy, out, {}) == []
+    # as entries recorded it before: the whole folder's hash, and no code
+    lines = [json.loads(x) for x in (out / "history.jsonl").read_text().splitlines()]
+    for e in lines:
+        e["settings"]["data"] = history.task_data(copy)
+        e["settings"].pop("code")
+    (out / "history.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    assert history.evaluate_new(ckpts, tok, CFG, copy, out, {}) == []
+    (copy / "README.md").write_text("edited again\n")  # the folder they hashed changed: their files may have
+    assert [e["step"] for e in history.evaluate_new(ckpts, tok, CFG, copy, out, {})] == [10, 20]
+
+
+def test_other_evaluation_code_evaluates_every_checkpoint_again(tmp_path, benchmarks_dir):
+    """A review: after a prompt or scoring change the old checkpoints kept their old code's scores beside the new
+    ones' in one curve. The settings record the evaluation code's digest (comments and docstrings aside)."""
+    ckpts, tok = make_run(tmp_path)
+    out = tmp_path / "history"
+    history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, out, {})
+    settings = history.settings_of(CFG, benchmarks_dir)
+    assert settings["code"] == history.loaded_code_digest(history.EVAL_CODE)
+    lines = [json.loads(x) for x in (out / "history.jsonl").read_text().splitlines()]
+    for e in lines:
+        e["settings"]["code"] = "another prompt"
+    (out / "history.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    assert [e["step"] for e in history.evaluate_new(ckpts, tok, CFG, benchmarks_dir, out, {})] == [10, 20]
 
 
 @pytest.mark.parametrize("damage", ["truncated", "meta", "stage file missing", "meta without model", "meta a list"])

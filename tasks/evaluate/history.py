@@ -21,7 +21,8 @@ from typing import Callable, Iterator, Sequence
 from tasks.core.errors import InputFileError, StageBusy
 from tasks.core.passes import atomic_write_text
 from tasks.evaluate.config import EvaluateParams
-from tasks.evalsets.loaders import task_files
+from tasks.core.source import loaded_code_digest
+from tasks.evalsets.loaders import TASK_FILES, task_files
 from tasks.evaluate.run import RESULTS, run
 
 HISTORY = "history.jsonl"
@@ -35,20 +36,34 @@ def checkpoint_key(folder: Path) -> str:
     return f"{folder.name}:{hashlib.sha256((folder / 'meta.json').read_bytes()).hexdigest()[:12]}"
 
 
+# the code an entry's scores depend on: prompts and loaders, scoring, batching, the model's loading (a changed
+# prompt left the old checkpoints' old-code scores beside the new ones' in one curve); not the schedule's own
+EVAL_CODE = ("tasks/evalsets", "tasks/evaluate/evaluator.py", "tasks/evaluate/scoring.py", "tasks/evaluate/model_io.py")
+LATER_KEYS = ("data", "code")  # added to the settings later: an entry recorded before a key existed still counts
+
+
 def settings_of(cfg: EvaluateParams, benchmarks_dir: str | Path) -> dict:
     """What an entry's metrics depend on besides the checkpoint: the tasks, each one's shot counts, the docs
-    drawn (limit, seed) and the task files (a hash of what the evaluate stage fingerprints: pointed at
-    another copy of the sets, the scheduled pass evaluated nothing and the curve joined scores of other
-    data). Not the scoring batch, the device or the generation samples, which leave the scores as they are."""
+    drawn (limit, seed), the evaluated tasks' files (pointed at another copy of the sets, the scheduled pass
+    evaluated nothing and the curve joined scores of other data) and the evaluation code. Not the scoring batch,
+    the device or the generation samples, which leave the scores as they are."""
     tasks = sorted(set(cfg.tasks))
     return {"tasks": tasks, "shots": {t: sorted(set(cfg.shot_counts(t))) for t in tasks}, "limit": cfg.limit,
-            "seed": cfg.seed, "data": task_data(benchmarks_dir)}
+            "seed": cfg.seed, "data": task_data(benchmarks_dir, tasks), "code": loaded_code_digest(EVAL_CODE)}
 
 
-def task_data(benchmarks_dir: str | Path) -> str:
-    """A short hash of the task files' names and bytes."""
+def task_data(benchmarks_dir: str | Path, tasks: Sequence[str] | None = None) -> str:
+    """A short hash of the task files' names and bytes: those in the folders of `tasks` (every file under the
+    benchmarks folder with None, as entries recorded it before), leaving out hidden files and editor backups (a
+    README edited, another task's file or an editor's swap file evaluated every checkpoint again and hid the
+    earlier ones, which training had pruned, from the curve)."""
     root, h = Path(benchmarks_dir), hashlib.sha256()
-    for f in task_files(root):
+    files = task_files(root)
+    if tasks is not None:
+        folders = {rel.split("/")[0] for t in tasks for rel in TASK_FILES[t]}
+        files = [f for f in files if (rel := Path(f).relative_to(root)).parts[0] in folders
+                 and not any(x.startswith(".") or x.endswith("~") for x in rel.parts)]
+    for f in files:
         h.update(str(Path(f).relative_to(root)).encode() + b"\0" + hashlib.sha256(Path(f).read_bytes()).digest())
     return h.hexdigest()[:16]
 
@@ -124,7 +139,8 @@ def _read_results(path: Path) -> dict:
 
 
 class CheckpointsUnreadable(InputFileError):
-    """Damaged checkpoints, each reported and left out of the history; the others were evaluated."""
+    """Damaged checkpoints, or ones that do not fit their model, each reported and left out of the history (and
+    tried again by the next pass); the others were evaluated."""
 
 
 def _stderr(line: str) -> None:
@@ -140,15 +156,36 @@ def unrecorded(entry: dict) -> bool:
     return "settings" not in entry
 
 
-def current(entries: list[dict], settings: dict) -> list[dict]:
-    """The entries evaluated with `settings` (settings_of: it hashes every task file, so once per pass). An
+def run_tokenizer(checkpoints_dir: Path, default: Path) -> Path:
+    """The tokenizer the run in `checkpoints_dir`/.. trained with, where its folder keeps one; else `default`."""
+    own = Path(checkpoints_dir).parent / "tokenizer.json"
+    return own if own.is_file() else Path(default)
+
+
+def current(entries: list[dict], settings: dict, benchmarks_dir: str | Path | None = None) -> list[dict]:
+    """The entries evaluated with `settings` (settings_of: it hashes the task files, so once per pass). An
     entry from before settings were recorded counts as one when it scored the same tasks and shot counts (its
-    limit and seed are not known), and one from before the task files were recorded when its other settings
-    are these: the upgrade neither evaluates every checkpoint again nor loses those that training has pruned since."""
-    before_data = {k: v for k, v in settings.items() if k != "data"}
+    limit and seed are not known); one from before a LATER_KEYS key was recorded when its other settings are
+    these; and one whose task-file hash covered the whole benchmarks folder when that folder's hash is the
+    same now (with `benchmarks_dir`): the upgrades neither evaluate every checkpoint again nor lose those that
+    training has pruned since."""
     scored = _scored(settings)
-    return [e for e in entries if e.get("settings") in (settings, before_data)
-            or (unrecorded(e) and {k.rsplit("/", 1)[0] for k in e["metrics"]} == scored)]
+    base = {k: v for k, v in settings.items() if k not in LATER_KEYS}
+    whole: list[str] = []  # the whole folder's hash, as entries recorded it before: computed only if one did
+
+    def same(e: dict) -> bool:
+        got = e.get("settings")
+        if not isinstance(got, dict):
+            return unrecorded(e) and {k.rsplit("/", 1)[0] for k in e["metrics"]} == scored
+        if {k: v for k, v in got.items() if k not in LATER_KEYS} != base:
+            return False
+        if "code" in got:  # recorded as settings_of records them now
+            return got["code"] == settings["code"] and got.get("data") == settings["data"]
+        if "data" not in got or benchmarks_dir is None:
+            return "data" not in got
+        whole[:] = whole or [task_data(benchmarks_dir)]
+        return got["data"] == whole[0]
+    return [e for e in entries if same(e)]
 
 
 def evaluate_new(checkpoints_dir: Path | Sequence[Path], tokenizer: Path, cfg: EvaluateParams, benchmarks_dir: Path,
@@ -165,15 +202,19 @@ def evaluate_new(checkpoints_dir: Path | Sequence[Path], tokenizer: Path, cfg: E
     A checkpoint gone while it is read was pruned by training (which removes a checkpoint at once, see
     trainer.checkpoint.prune), or moved with its run to work.previous/ when another run started: it is
     skipped, whatever error reading it raised."""
+    from tasks.evaluate.model_io import CheckpointMismatch
     from trainer.checkpoint import CheckpointUnreadable
     history_dir = Path(history_dir)
     new, damaged = [], []
     settings = settings_of(cfg, benchmarks_dir)
     dirs = [Path(checkpoints_dir)] if isinstance(checkpoints_dir, (str, Path)) else [Path(d) for d in checkpoints_dir]
     with _lock(history_dir):
-        done = {e["checkpoint"] for e in current(read_history(history_dir), settings)}
-        # each folder listed when reached: a run moved to work.previous/ during the pass is found there
-        for folder in (c for d in dirs for c in complete_checkpoints(d)):
+        done = {e["checkpoint"] for e in current(read_history(history_dir), settings, benchmarks_dir)}
+        # each folder listed when reached: a run moved to work.previous/ during the pass is found there; each
+        # scored with its run's own tokenizer where the run folder keeps one (the train stage does): the run
+        # before, or one a new blend is about to replace, was scored with the new blend's tokenizer, silently
+        # where it pads to the same size
+        for folder, tok in ((c, run_tokenizer(d, tokenizer)) for d in dirs for c in complete_checkpoints(d)):
             try:
                 key = checkpoint_key(folder)
             except FileNotFoundError:  # pruned by the training run since it was listed
@@ -191,13 +232,13 @@ def evaluate_new(checkpoints_dir: Path | Sequence[Path], tokenizer: Path, cfg: E
                 tmp = history_dir / f".{results_folder(key, settings)}.partial"
                 shutil.rmtree(tmp, ignore_errors=True)
                 try:
-                    results = run(folder, tokenizer, cfg, benchmarks_dir, tmp, {**provenance, "key": key})
+                    results = run(folder, tok, cfg, benchmarks_dir, tmp, {**provenance, "key": key})
                 except Exception as e:
                     shutil.rmtree(tmp, ignore_errors=True)
                     if not folder.exists():  # whatever the read raised, there is nothing to evaluate any more
                         say(f"evaluate: {folder} {GONE}; skipped")
                         continue
-                    if not isinstance(e, CheckpointUnreadable):
+                    if not isinstance(e, (CheckpointUnreadable, CheckpointMismatch)):
                         raise
                     say(f"evaluate: {folder.name} not evaluated: {e}")
                     damaged.append(f"{folder.name} ({e})")
@@ -225,8 +266,9 @@ def evaluate_new(checkpoints_dir: Path | Sequence[Path], tokenizer: Path, cfg: E
             done.add(key)  # found again in the run before's folder (moved there during this pass): listed once
     if damaged:
         where = " and ".join(str(d) for d in dirs if d.is_dir())
-        failed = CheckpointsUnreadable(f"{len(damaged)} checkpoint(s) of {where} could not be read and are left out "
-                                       f"of the history ({len(new)} evaluated): " + "; ".join(damaged))
+        failed = CheckpointsUnreadable(f"{len(damaged)} checkpoint(s) of {where} could not be read or do not fit "
+                                       f"their model and are left out of the history ({len(new)} evaluated): "
+                                       + "; ".join(damaged))
         failed.new = new
         raise failed
     return new

@@ -86,16 +86,29 @@ def _check_tokenizer(tok: Tokenizer, p: ModelParams, where: Path, exact_padding:
     return tokenizers.eod_id(tok)
 
 
+class CheckpointMismatch(ConfigError):
+    """A checkpoint whose tokenizer or tensors do not fit its model: the scheduled evaluation reports it and goes on
+    with the others (a mismatch stopped its every pass at that checkpoint, and the UI's history with it)."""
+
+
 def load_checkpoint(folder: Path, tokenizer: Path) -> LoadedModel:
     folder = Path(folder)
     if not (folder / "meta.json").is_file():
         raise InputFileError(f"{folder}: not a checkpoint (no meta.json)")
     meta = ckpt.read_meta(folder)
-    p = ModelParams(**meta["model"])
+    try:
+        p = ModelParams(**meta["model"])
+    except (TypeError, ValueError) as e:  # a pydantic error named no checkpoint
+        raise ckpt.CheckpointUnreadable(f"{folder / 'meta.json'}: its model is not one this code builds "
+                                        f"({str(e).splitlines()[0]}): the checkpoint {folder.name} is damaged") from None
     tensors = ckpt.Tensors(folder)
     tok = tokenizers.load(Path(tokenizer))
-    eod = _check_tokenizer(tok, p, folder, meta.get("layout", {}).get("tp", 1))
-    return LoadedModel(_build(p, lambda name: tensors[f"param/{name}"]), tok, eod, "checkpoint", int(meta["step"]), meta.get("consumed_tokens"))
+    try:
+        eod = _check_tokenizer(tok, p, folder, meta.get("layout", {}).get("tp", 1))
+        model = _build(p, lambda name: tensors[f"param/{name}"])
+    except ConfigError as e:
+        raise CheckpointMismatch(str(e)) from None
+    return LoadedModel(model, tok, eod, "checkpoint", int(meta["step"]), meta.get("consumed_tokens"))
 
 
 def load_hf(folder: Path, tokenizer: Path | None = None) -> LoadedModel:
