@@ -211,6 +211,10 @@ def test_checkpoints_record_their_run_so_two_runs_step_n_are_told_apart(uninterr
     mine, theirs = uninterrupted / "checkpoints/step-00000004", tmp_path / "other/checkpoints/step-00000004"
     assert checkpoint.read_meta(theirs)["run"] == recipe_digest(other.train)
     assert checkpoint_key(mine) != checkpoint_key(theirs)
+    # and a sample of its weights: the same run trained again from step 0 (after a fix) wrote a byte-identical
+    # meta.json, and its checkpoints were taken as evaluated
+    assert checkpoint.read_meta(mine)["weights_sample"] == checkpoint.weights_sample(mine)
+    assert checkpoint.read_meta(mine)["weights_sample"] != checkpoint.read_meta(theirs)["weights_sample"]
     named = spec(tmp_path / "named", tp=2, pp=2, steps=2).model_copy(update={"run_id": "the train stage's identity"})
     train(named)  # the train stage passes its own identity (its blend and tokenizer too)
     assert checkpoint.read_meta(tmp_path / "named/checkpoints/step-00000002")["run"] == "the train stage's identity"
@@ -252,3 +256,14 @@ def test_every_sample_once_resumed_at_another_batch_counts_whole_batches_of_what
     meta = checkpoint.read_meta(checkpoint.latest(tmp_path / "checkpoints"))
     assert (meta["consumed_samples"], meta["train_tokens"]) == (30, 30 * MODEL.seq_len)
     assert meta["run"] == checkpoint.read_meta(tmp_path / "checkpoints/step-00000007")["run"] == recipe_digest(s.train)
+
+
+def test_the_weights_sample_tells_other_weights_apart_and_the_same_alike(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        (tmp_path / name).mkdir()
+        torch.manual_seed(seed)
+        save_file({"param/w": torch.randn(300, 300)}, str(tmp_path / name / "stage-0.safetensors"))
+    sample = {name: checkpoint.weights_sample(tmp_path / name) for name in "abc"}
+    assert sample["a"] == sample["b"] != sample["c"]

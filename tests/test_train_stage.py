@@ -50,6 +50,9 @@ def test_train_stage_trains_checkpoints_exports_and_validates(blended, monkeypat
     assert [int(r["step"]) for r in rows] == list(range(1, stats["steps"] + 1))
     assert {p.name for p in (model / "hf").iterdir()} == {"config.json", "model.safetensors", "tokenizer.json"}
     assert json.loads((model / "checkpoint/meta.json").read_text())["step"] == stats["steps"]
+    # the run's folder keeps its tokenizer: the scheduled evaluation scores its checkpoints with it, moved aside too
+    tokenizer = (blended / "data/tokenize/tokenizer/tokenizer.json").read_bytes()
+    assert (blended / "data/train/work/tokenizer.json").read_bytes() == tokenizer
     assert stats["profile"] == "sample" and [r["profile"] for r in stats["profiles"]] == ["sample"]
     report = validate_stage("train", p)
     assert report.success

@@ -3,7 +3,8 @@ checkpoint written at one (tp, pp, dp) resumes at any other and exports without 
 
     <dir>/step-00000010/stage-<s>.safetensors  param/<name>, exp_avg/<name>, exp_avg_sq/<name> (fp32)
                         rng-<rank>.safetensors  the rank's torch RNG (restored at the same layout)
-                        meta.json               step, data position, Adam step, fp16 loss scaler, model, layout
+                        meta.json               step, data position, Adam step, fp16 loss scaler, model, layout,
+                                                a sample digest of the weights (weights_sample)
     <dir>/latest                                the newest complete checkpoint's folder name
 
 Writing: every rank gathers its parameters whole (the fp32 master and Adam moments over the ZeRO-1
@@ -14,6 +15,7 @@ safetensors and JSON only (no pickle).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -210,7 +212,8 @@ def _save(engine, directory: Path, final: Path, partial: Path, step: int, state:
         meta = {"format": 1, "run": run, "step": step, **state, "adam_step": adam_step,
                 "loss_scaler": scaler_state(loss_scaler(engine)), "model": engine.model.model_dump(),
                 "kernels": kernel_path(engine.model, engine.device),
-                "layout": {"tp": engine.par.tp, "pp": engine.par.pp, "dp": engine.par.dp}}
+                "layout": {"tp": engine.par.tp, "pp": engine.par.pp, "dp": engine.par.dp},
+                "weights_sample": weights_sample(partial)}
         (partial / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
         _durable(partial)
         shutil.rmtree(final, ignore_errors=True)
@@ -220,6 +223,23 @@ def _save(engine, directory: Path, final: Path, partial: Path, step: int, state:
         os.replace(pointer, directory / LATEST)
     dist.barrier()
     return final
+
+
+def weights_sample(folder: Path, blocks: int = 8, block: int = 4096) -> str:
+    """A digest of the stage files' names, sizes and `blocks` blocks spread over each (32 KiB read per file, at
+    any size). meta.json records it: another save's weights give another meta.json, which the scheduled
+    evaluation keys its results by (a run trained again from step 0 with the same parameters, after a fix,
+    wrote a byte-identical meta.json, and its checkpoints were taken as evaluated); the same weights, the same
+    digest (a deterministic rerun is not evaluated again)."""
+    h = hashlib.sha256()
+    for path in sorted(Path(folder).glob("stage-*.safetensors")):
+        size = path.stat().st_size
+        h.update(path.name.encode() + b"\0" + size.to_bytes(8, "little"))
+        with open(path, "rb") as fh:
+            for k in range(blocks):
+                fh.seek(size * k // blocks)
+                h.update(fh.read(block))
+    return h.hexdigest()[:16]
 
 
 def prune(directory: Path, keep: int) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tasks.core.config import PipelineParams
 from tasks.core.errors import ConfigError, TrainingError, from_line
+from tasks.core.passes import atomic_path
 from tasks.core.stage import Context, GlobalPass, Stage
 from tasks.train import work_folder
 from trainer.config import TrainParams, padded_vocab, plan, recipe_model
@@ -131,6 +132,7 @@ def build_model(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
                    launch=p.train.launch)
     spec = spec.model_copy(update={"run_id": identity})  # its checkpoints record it (the scheduled evaluation)
     work_folder.prepare(work, identity)
+    keep_tokenizer(work, tokenizer)
     start = checkpoint.latest(work / "checkpoints")
     resumed_from = int(start.name.removeprefix("step-")) if start is not None else 0  # read by the ranks, not here
     if start is not None:
@@ -168,6 +170,17 @@ def build_model(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
               "peak_tflops": cfg.peak_tflops, "model": m.model_dump(), "profiles": sized}
     (tmp / "train_report.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
     return report
+
+
+def keep_tokenizer(work: Path, tokenizer: Path) -> None:
+    """The run's folder keeps the tokenizer it trains with (its identity includes the text): the scheduled
+    evaluation scores its checkpoints with it, after a new blend's run moved it to work.previous/ too."""
+    own = work / "tokenizer.json"
+    data = tokenizer.read_bytes()
+    if own.is_file() and own.read_bytes() == data:
+        return
+    with atomic_path(own) as tmp:
+        tmp.write_bytes(data)
 
 
 def progress(p: PipelineParams, since: float) -> tuple[float, str] | None:
