@@ -76,8 +76,9 @@ class ParallelParams(Strict):
     global_batch: int = Field(16, ge=1, description="Sequences per optimizer step (MT-NLG: 1920).")
     zero_stage: Literal[0, 1] = Field(1, description="ZeRO stage: 1 partitions the optimizer state over dp "
                                                      "(DeepSpeed pipelines allow 0 or 1).")
-    partition: Literal["parameters", "uniform"] = Field(
-        "parameters", description="How layers are split into stages: evenly by parameter count, or by layer count.")
+    partition: Literal["parameters", "uniform", "blocks"] = Field(
+        "parameters", description="How layers are split into stages: evenly by parameter count, by layer count, or "
+                                  "by transformer blocks (Megatron-DeepSpeed's; the embeddings go with the end stages).")
     recompute: bool = Field(False, description="Activation checkpointing: keep each layer's input only and "
                                                "recompute the layer in backward (DeepSpeed's, every layer).")
 
@@ -134,7 +135,10 @@ def plan(model: ModelParams, par: ParallelParams, world_size: int) -> tuple[Mode
                           f"= {par.world_size}")
     if why := layout_problem(model, par):
         raise ConfigError(why)
+    from trainer.pipeline import blockless_stage
     padded = padded_vocab(model.vocab_size, par.tp)
+    if why := blockless_stage(model.model_copy(update={"vocab_size": padded}), par):
+        raise ConfigError(why)
     if padded == model.vocab_size:
         return model, []
     return (model.model_copy(update={"vocab_size": padded}),

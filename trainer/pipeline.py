@@ -6,7 +6,9 @@ The word embedding is one TiedLayerSpec: the first stage looks tokens up in it, 
 it as the LM head, and DeepSpeed sums its gradient across the two stages after every batch. The loss
 (DeepSpeed's `loss_fn(outputs, labels)` on the last stage) is the tied module's fused head +
 vocab-parallel cross-entropy, so the last stage never holds the full logits. Layers are split into
-stages evenly by parameter count (DeepSpeed's partition_method="parameters").
+stages evenly by parameter count (DeepSpeed's partition_method="parameters"), by layer count ("uniform") or
+by transformer blocks ("blocks": type:Block, as Megatron-DeepSpeed splits GPT); a split that would leave a
+stage without a block is refused before launch (blockless_stage).
 """
 from __future__ import annotations
 
@@ -56,13 +58,65 @@ def plain_modules(pipe: nn.Module, n_layer: int) -> Iterator[tuple[str, nn.Modul
                 yield (f"{prefix}.{sub_name}" if sub_name else prefix), module
 
 
+LAYERS = ("WordEmbedding", "PositionEmbedding", "Block", "LayerNorm", "WordEmbedding")  # as layer_specs lists them
+
+
+def layer_names(p: ModelParams) -> list[str]:
+    return [*LAYERS[:2], *[LAYERS[2]] * p.n_layer, *LAYERS[3:]]
+
+
+def layer_parameters(p: ModelParams, tp: int) -> list[int]:
+    """The parameters each layer spec holds on one tensor-parallel rank, as DeepSpeed counts them to split the
+    stages by parameters: column-parallel weights and biases and the vocabulary are split, a row-parallel
+    layer's bias and the LayerNorms are whole. (The engine checks this against DeepSpeed's own split.)"""
+    d, v = p.d_model, p.vocab_size // tp
+    block = 2 * d + (3 * d * d + 3 * d) // tp + d * d // tp + d + 2 * d + (4 * d * d + 4 * d) // tp + 4 * d * d // tp + d
+    return [v * d, p.seq_len * d, *[block] * p.n_layer, 2 * d, v * d]
+
+
+def partition_method(par: ParallelParams) -> str:
+    """DeepSpeed's name for the layout's partition: `blocks` is Megatron-DeepSpeed's type:transformer."""
+    return "type:Block" if par.partition == "blocks" else par.partition
+
+
+def stage_parts(p: ModelParams, par: ParallelParams) -> list[int]:
+    """The first layer of each stage (and the end), as DeepSpeed's PipelineModule will split them."""
+    from deepspeed.runtime.utils import partition_balanced, partition_uniform
+    names = layer_names(p)
+    if par.partition == "uniform":
+        return list(partition_uniform(num_items=len(names), num_parts=par.pp))
+    weights = [int(n == "Block") for n in names] if par.partition == "blocks" else layer_parameters(p, par.tp)
+    return [int(x) for x in partition_balanced(weights=weights, num_parts=par.pp)]
+
+
+def blockless_stage(p: ModelParams, par: ParallelParams) -> str | None:
+    """Why a stage of this split would hold no transformer block; None when each holds one. DeepSpeed drops
+    such a stage's empty no-decay parameter group, and ZeRO-1's gradient norm, one all-reduce per group
+    across the stages, then hangs at the first step (fp32, fp16) or fails in bf16 ("stack expects a non-empty
+    TensorList"). Megatron-DeepSpeed splits by transformer layers for this."""
+    if par.pp == 1:
+        return None
+    names, parts = layer_names(p), stage_parts(p, par)
+    for s in range(par.pp):
+        held = names[parts[s]:parts[s + 1]]
+        if "Block" not in held:
+            return (f"pp {par.pp} with partition {par.partition!r} leaves stage {s} with no transformer block "
+                    f"({', '.join(held) or 'no layer'}), on which DeepSpeed's ZeRO-1 can hang at the first step: "
+                    f"use partition 'blocks' (each stage an equal share of the blocks, as Megatron-DeepSpeed) "
+                    f"or fewer stages")
+    return None
+
+
 def build_pipeline(p: ModelParams, par: ParallelParams, group=None, seed: int = 0):
     """This rank's stage of the pipeline, initialised exactly as GPT(p, seed=seed) would be."""
     from deepspeed.pipe import PipelineModule
     pipe = PipelineModule(layers=layer_specs(p, group), topology=process_topology(par),
-                          partition_method=par.partition, activation_checkpoint_interval=int(par.recompute),
+                          partition_method=partition_method(par), activation_checkpoint_interval=int(par.recompute),
                           checkpointable_layers=["Block"],  # not the embeddings: their input is tokens
                           base_seed=seed)  # only printed (no seed_layers: init_parameters seeds), so truthfully
+    if list(pipe.parts) != stage_parts(p, par):  # plan() refused a block-less stage from this prediction
+        raise RuntimeError(f"DeepSpeed split the stages at {list(pipe.parts)}, trainer.pipeline.stage_parts "
+                           f"predicted {stage_parts(p, par)}")
     init_parameters(plain_modules(pipe, p.n_layer), p, seed)
     if TIED in pipe.tied_modules:  # the loss is computed on the last stage, which holds the head
         pipe.loss_fn = pipe.tied_modules[TIED].lm_loss
