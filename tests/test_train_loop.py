@@ -267,3 +267,42 @@ def test_the_weights_sample_tells_other_weights_apart_and_the_same_alike(tmp_pat
         save_file({"param/w": torch.randn(300, 300)}, str(tmp_path / name / "stage-0.safetensors"))
     sample = {name: checkpoint.weights_sample(tmp_path / name) for name in "abc"}
     assert sample["a"] == sample["b"] != sample["c"]
+
+
+def test_a_step_the_fp16_loss_scaler_skips_moves_the_data_not_the_learning_rate(tmp_path, monkeypatch):
+    """A review against Megatron (the scheduler steps only on a successful update) and DeepSpeed (skipped_steps
+    do not step its lr_scheduler): here every skipped fp16 step advanced the schedule, so warmup and decay ran
+    short by the skips. DeepSpeed has no fp16 on CPU: a stand-in engine gives DeepSpeed's skip signal
+    (was_step_applied False) on the first 4 steps, as an fp16 run does while its scale comes down from 2^16."""
+    import torch
+    from trainer import engine as engine_module, loop, schedule
+    from trainer.data import MockSamples
+    from trainer.topology import Coord
+
+    class Overflowing:  # the Engine's interface the loop uses; its first 4 updates overflow
+        def __init__(self, model):
+            self.model, self.rank, self.coord, self.device = model, 0, Coord(0, 0, 0), torch.device("cpu")
+            self.steps, self.applied_lrs, self.lr = 0, [], None
+
+        def set_global_batch(self, rows): pass
+        def set_lr(self, lr): self.lr = lr
+        def step_applied(self): return self.steps > 4
+        def close(self): pass
+
+        def train_step(self, rows):
+            self.steps += 1
+            if self.step_applied():
+                self.applied_lrs.append(self.lr)
+            return 7.0
+    m = ModelParams(n_layer=1, n_head=1, d_model=8, vocab_size=64, seq_len=16)
+    cfg = TrainParams(model=m, parallel=ParallelParams(micro_batch=1, global_batch=8),
+                      optim=OptimParams(lr=1e-3, dtype="fp16"),
+                      schedule=ScheduleParams(train_tokens=30 * 8 * 16, warmup_tokens=10 * 8 * 16), checkpoint_every=10**6)
+    made, saved = [], []
+    monkeypatch.setattr(engine_module.Engine, "start", staticmethod(lambda model, *a: made.append(Overflowing(model)) or made[0]))
+    monkeypatch.setattr(checkpoint, "save", lambda engine, d, step, state, run: saved.append(state))
+    monkeypatch.setattr(checkpoint, "prune", lambda *a: None)
+    result = loop.train(cfg, MockSamples(1000, 16, 64), tmp_path)
+    # the k-th applied update trains at the schedule's k-th step: warmup from 0, not from the 5th step's rate
+    assert made[0].applied_lrs == [schedule.learning_rate(k * 8 * 16, cfg.schedule, cfg.optim) for k in range(26)]
+    assert result["consumed_tokens"] == 30 * 8 * 16 and result["lr_tokens"] == saved[-1]["lr_tokens"] == 26 * 8 * 16

@@ -44,8 +44,10 @@ def plain_losses(run: ParityRun) -> list[float]:
 def engine_losses(run: ParityRun) -> tuple[list[float], list[float | None]]:
     """The losses and the gradient norms before clipping, step by step (a parameter counted twice or
     left out of the norm shows there at once, where it moves the loss by ~1e-5 only)."""
+    from trainer import rng
     from trainer.engine import Engine
     engine = Engine.start(run.model, run.parallel, run.optim, run.seed)
+    rng.seed_streams(run.seed, engine.coord)  # as the training loop: tensor-parallel dropout draws from them
     losses, norms = [], []
     for batch in batches(run):
         losses.append(engine.train_step(engine.replica_rows(batch)))
