@@ -13,6 +13,7 @@ import time
 from queue import Empty, SimpleQueue
 
 from prefect import flow, get_run_logger, task
+from pydantic import BaseModel
 from prefect.cache_policies import NO_CACHE
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.states import Failed, State
@@ -20,6 +21,7 @@ from tqdm import tqdm
 
 from flows.artifacts import publish
 from flows.runners import build_task_runner, check_reachable
+from tasks.core import notices
 from tasks.core.shard_threads import WAKE_S, ShardThreads, running_shard
 from tasks.core.config import PipelineParams, load_params
 from tasks.core.errors import ConfigError, describe, naming_full_disk
@@ -84,13 +86,60 @@ DEFAULT_PARAMS, PARAMS_YAML_ERROR = params_yaml_defaults()
 def resolve(params: PipelineParams, params_file: str | None) -> PipelineParams:
     """The run's parameters: `params_file` read, else `params`. A quick run (the default params) while
     params.yaml does not read is refused with its error: it ran on the models' defaults, without a word
-    (a 270-billion-token training run, moving the real run aside)."""
+    (a 270-billion-token training run, moving the real run aside). A deployment's run given `params` (the UI's
+    custom-run form) takes params.yaml's value for every field it was not given (filled_from)."""
     if params_file:
         return load_params(params_file)
     if PARAMS_YAML_ERROR is not None and params == DEFAULT_PARAMS:
         raise ConfigError(f"{PARAMS_YAML_ERROR} (a quick run reads params.yaml: fix it, or give the run its "
                           f"parameters)")
+    if _a_deployments_own_run():
+        params, filled = filled_from(DEFAULT_PARAMS, params)
+        if filled:
+            get_run_logger().warning("params: %d field(s) left empty take params.yaml's value: %s", len(filled),
+                                     ", ".join(filled))
     return params
+
+
+def _a_deployments_own_run() -> bool:
+    """A flow run a deployment started, not a stage's run inside the pipeline's (which gets the pipeline's whole
+    parameters: a params file's unset fields are its models' defaults, as a command's)."""
+    from prefect.context import FlowRunContext
+    ctx = FlowRunContext.get()
+    return ctx is not None and ctx.flow_run.deployment_id is not None and ctx.flow_run.parent_task_run_id is None
+
+
+def filled_from(defaults: PipelineParams, given: PipelineParams) -> tuple[PipelineParams, list[str]]:
+    """`given`, with each field it was not given taken from `defaults`, and those fields' names. The UI's form
+    leaves out a number field that was emptied, or given letters (the browser keeps ''): pydantic then filled
+    in the model's default, not the params.yaml value the form showed (4 WARC files for 2, every evaluation
+    doc for 3), without a word."""
+    filled: list[str] = []
+
+    def merged(d, g, prefix: str) -> dict:
+        out = {}
+        for name in type(g).model_fields:
+            if name not in g.model_fields_set:
+                filled.append(prefix + name)
+                out[name] = getattr(d, name)
+            elif isinstance(value := getattr(g, name), BaseModel) and type(value) is type(getattr(d, name)):
+                out[name] = merged(getattr(d, name), value, f"{prefix}{name}.")
+            else:
+                out[name] = value
+        return out
+    values = merged(defaults, given, "")
+    if not filled:
+        return given, []
+    # validated again, whole: the checks across sections see the merged values
+    return PipelineParams.model_validate(_dumped(values)), filled
+
+
+def _dumped(values):
+    if isinstance(values, BaseModel):
+        return values.model_dump(mode="json")
+    if isinstance(values, dict):
+        return {k: _dumped(v) for k, v in values.items()}
+    return values
 
 
 def run_stage_flow(stage: str, p: PipelineParams) -> dict:
@@ -99,7 +148,7 @@ def run_stage_flow(stage: str, p: PipelineParams) -> dict:
     if flow_run.id:  # the stage's outputs record the flow run that made them (evaluation provenance)
         os.environ["PREFECT__FLOW_RUN_ID"] = str(flow_run.id)
     check_reachable(p.runner)  # before the stage changes anything
-    with naming_full_disk(p.paths.data_dir), stage_lock(p, stage):
+    with naming_full_disk(p.paths.data_dir), stage_lock(p, stage), notices.forwarded_to(log.warning):
         with watching(next(st for st in STAGES if st.name == stage), p):
             stats = run_stage(stage, p, map_shards=map_with_prefect, validation_follows=True,
                               skip_up_to_date=recorded_validation_stands(stage, p))
