@@ -471,3 +471,34 @@ def test_the_resume_point_is_found_wherever_the_run_is_kept(tmp_path):
         (tmp_path / place / "identity").write_text(place)
     assert [resumes_from(tmp_path / "work", place)["step"] for place in ("work", "work.previous", "work.swap")] == [3, 5, 7]
     assert resumes_from(tmp_path / "work", "another run") is None
+
+
+def test_a_run_stopped_before_its_first_checkpoint_never_costs_the_run_before(tmp_path, capsys):
+    """A UI drill: a run cancelled as train began (an identity and a launch log, no checkpoint) was moved to
+    work.previous/, deleting the checkpointed run there; the next run then kept the empty one instead."""
+    from tasks.train.work_folder import prepare
+    work = _runs(tmp_path, "A", None)  # A: params.yaml's run, with a checkpoint
+    prepare(work, "B")  # a custom run, cancelled before its first checkpoint
+    (work / "launch.log").write_text("cancelled")
+    (work / "checkpoints" / "step-00000002.partial").mkdir(parents=True)  # its first save, cut short
+    prepare(work, "C")  # the next custom run
+    assert (tmp_path / "work.previous" / "identity").read_text() == "A", capsys.readouterr().err
+    assert (tmp_path / "work.previous" / "checkpoints" / "step-00000010").is_dir()
+    assert (work / "identity").read_text() == "C" and not (work / "launch.log").exists()
+
+
+def test_the_work_folders_notices_reach_the_flow_runs_log_not_the_workers_terminal(tmp_path, capsys):
+    """A UI drill: 'moved to work.previous', 'deleted ...' and 'resuming' were printed to stderr, which reached the
+    worker's terminal only: the UI never said a run had been moved or deleted. The flows forward them to the
+    run's log (flows.stages, notices.forwarded_to); a command prints them on stderr as before."""
+    from tasks.core import notices
+    from tasks.train.work_folder import prepare
+    work = _runs(tmp_path, "A", None)
+    said: list[str] = []
+    with notices.forwarded_to(said.append):
+        prepare(work, "B")
+    assert capsys.readouterr().err == "" and len(said) == 1
+    assert said[0].startswith("train: this run's parameters describe another run (model, recipe, seed or data "
+                              "changed): the work folder's run (") and "moved to" in said[0]
+    prepare(work, "A")
+    assert "this run's parameters describe the run in" in capsys.readouterr().err

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tasks.core.config import PipelineParams
 from tasks.core.errors import ConfigError, TrainingError, from_line
+from tasks.core.notices import notice
 from tasks.core.passes import atomic_path
 from tasks.core.stage import Context, GlobalPass, Stage
 from tasks.train import work_folder
@@ -136,7 +137,7 @@ def build_model(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
     start = checkpoint.latest(work / "checkpoints")
     resumed_from = int(start.name.removeprefix("step-")) if start is not None else 0  # read by the ranks, not here
     if start is not None:
-        print(f"train: resuming the run in {work} from its checkpoint {start.name}", file=sys.stderr)
+        notice(f"train: resuming the run in {work} from its checkpoint {start.name}")
     (work / "run.json").write_text(spec.model_dump_json(), encoding="utf-8")
     try:
         launch.run("trainer.run", work / "run.json", cfg.parallel.world_size, work / "launch.log",

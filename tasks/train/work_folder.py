@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from pathlib import Path
 
 from tasks.core.errors import ConfigError
+from tasks.core.notices import notice
 from tasks.core.passes import remove_at_once
 
 IDENTITY = "identity"
@@ -39,9 +39,12 @@ def _described(folder: Path) -> str:
 
 
 def _holds_a_run(folder: Path) -> bool:
-    """A folder with an identity or any checkpoint (a run from before identities were recorded)."""
+    """A folder with a complete checkpoint: a run worth keeping. A run stopped before its first checkpoint (an
+    identity and a launch log; a run cancelled from the UI as train began) is not: it was moved to work.previous/,
+    deleting the checkpointed run there, and the one after it then evicted the real run for an empty one."""
     ckpts = folder / "checkpoints"
-    return _run_in(folder) is not None or (ckpts.is_dir() and any(ckpts.iterdir()))
+    return ckpts.is_dir() and any(p.is_dir() and p.name.startswith("step-") and not p.name.endswith(".partial")
+                                  for p in ckpts.iterdir())
 
 
 def _sibling(work: Path, suffix: str) -> Path:
@@ -78,19 +81,19 @@ def prepare(work: Path, identity: str) -> None:
         os.replace(previous, work)
         if swap.exists():
             os.replace(swap, previous)
-        print(f"train: params.yaml describes the run in {previous} ({_described(work)}): moved back to {work} to "
-              f"resume" + (f"; the other run moved to {previous}" if previous.exists() else ""), file=sys.stderr)
+        notice(f"train: this run's parameters describe the run in {previous} ({_described(work)}): moved back to "
+               f"{work} to resume" + (f"; the other run moved to {previous}" if previous.exists() else ""))
         return
     if work.exists() and not _holds_a_run(work):
-        shutil.rmtree(work)  # no identity and no checkpoint: nothing of a run to keep
+        shutil.rmtree(work)  # no checkpoint: nothing of a run to keep, and never worth the run before
     if work.exists():
         if previous.exists():
-            print(f"train: deleted {previous}, an earlier run ({_described(previous)}): only the last other run is "
-                  f"kept", file=sys.stderr)
+            notice(f"train: deleted {previous}, an earlier run ({_described(previous)}): only the last other run is "
+                   f"kept")
             remove_at_once(previous, _sibling(work, ".deleting"))
         os.replace(work, previous)
-        print(f"train: params.yaml describes another run (model, recipe, seed or data changed): the work folder's "
-              f"run ({_described(previous)}) moved to {previous}; this run starts from step 0", file=sys.stderr)
+        notice(f"train: this run's parameters describe another run (model, recipe, seed or data changed): the work "
+               f"folder's run ({_described(previous)}) moved to {previous}; this run starts from step 0")
     new = _sibling(work, ".new")
     new.mkdir(parents=True)
     (new / IDENTITY).write_text(identity, encoding="utf-8")
