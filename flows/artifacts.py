@@ -4,14 +4,18 @@ on the pipeline run linking them all. Every later stage gets the same page from 
 from __future__ import annotations
 
 import functools
+import html
+import os
 import re
+from pathlib import Path
 
 import httpx
 from prefect.artifacts import create_markdown_artifact
-from prefect.settings import PREFECT_UI_URL
+from prefect.settings import PREFECT_UI_URL, get_current_settings
 
 from flows.plots import data_uri, stage_plots
-from tasks.core.config import PipelineParams
+from tasks.core.config import PipelineParams, load_params
+from tasks.core.errors import ConfigError
 from tasks.validation import ValidationReport
 
 _SKIP = {"stage", "passes", "dropped", "extra", "tasks", "validation", "failed_shards", "fewshot_k", "warnings",
@@ -19,7 +23,11 @@ _SKIP = {"stage", "passes", "dropped", "extra", "tasks", "validation", "failed_s
 
 
 def _cell(v) -> str:
-    return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v).replace("|", "\\|")
+    """A table cell: markdown's column bar escaped, and HTML's characters (a table-level expectation's column is
+    `<table>`, which the UI's renderer took for a tag: the V2 UI nested the rest of the table and the plots in it)."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"
+    return html.escape(str(v), quote=False).replace("|", "\\|")
 
 
 def docs_link(p: PipelineParams, stage: str | None = None) -> str:
@@ -27,11 +35,39 @@ def docs_link(p: PipelineParams, stage: str | None = None) -> str:
     return f"{p.paths.docs_url.rstrip('/')}/{stage + '/' if stage else ''}index.html"
 
 
+def docs_reference(p: PipelineParams, stage: str | None = None) -> str:
+    """Markdown for the Data Docs of this run: the served link, where `make docs` / `make ui` serve them (the
+    data_dir of params.yaml); the report's file otherwise (a UI run with another data_dir linked to the report
+    of params.yaml's data, validated by another run)."""
+    if _served(p.paths.data_dir):
+        return f"[Data Docs]({docs_link(p, stage)}) (served by `make docs` / `make ui`)"
+    page = Path(p.paths.data_dir) / "docs" / (f"{stage}/" if stage else "") / "index.html"
+    return f"Data Docs: `{page}` (this run's data_dir is not the one `make docs` / `make ui` serve)"
+
+
+def _served(data_dir: str) -> bool:
+    """Whether the docs server (flows.docs_server, params.yaml's data_dir) serves this data_dir's docs."""
+    return _served_from(str(Path(data_dir).resolve()), os.getcwd())
+
+
+@functools.cache
+def _served_from(data_dir: str, project: str) -> bool:
+    try:
+        served = load_params(os.path.join(project, "params.yaml")).paths.data_dir
+    except ConfigError:  # the server cannot start on it either: nothing to compare with
+        return True
+    return data_dir == str((Path(project) / served).resolve())
+
+
 def artifact_url(artifact_id) -> str:
-    """The UI page of an artifact, in the UI a browser opens by default (relative when the UI's address
-    is not configured)."""
+    """The UI page of an artifact, in the UI a browser opens by default (root-relative when the UI's address is
+    not configured, a command-line run's temporary server: the V2 page where Prefect defaults to V2, as it does;
+    `/artifacts/...` was V1's, and took a person out of V2)."""
     base = (PREFECT_UI_URL.value() or "").rstrip("/")
-    return f"{default_ui(base) if base else base}/artifacts/artifact/{artifact_id}"
+    if base:
+        return f"{default_ui(base)}/artifacts/artifact/{artifact_id}"
+    v2 = get_current_settings().server.ui.v2_enabled
+    return f"{'/v2' if v2 else ''}/artifacts/artifact/{artifact_id}"
 
 
 @functools.cache
@@ -128,10 +164,10 @@ def stats_markdown(stats: dict, report: ValidationReport | None, p: PipelinePara
         status = "passed" if report.success else "FAILED"
         lines += ["", f"### Validation {status}", "",
                   f"{report.expectations} expectations over {report.batches} batch(es) in {report.seconds} s. "
-                  f"[Data Docs]({docs_link(p, report.stage)}) (served by `make docs` / `make ui`)", "",
+                  + docs_reference(p, report.stage), "",
                   "| expectation | column | unexpected | passed |", "|---|---|---|---|"]
-        lines += [f"| {r['expectation']} | {r['column']} | {_cell(r['unexpected'])} | {'yes' if r['passed'] else '**no**'} |"
-                  for r in report.results]
+        lines += [f"| {_cell(r['expectation'])} | {_cell(r['column'])} | {_cell(r['unexpected'])} | "
+                  f"{'yes' if r['passed'] else '**no**'} |" for r in report.results]
     for title, png in stage_plots(stats):
         lines += ["", f"### {title}", "", f"![{title}]({data_uri(png)})"]
     return "\n".join(lines)
@@ -170,7 +206,8 @@ def summary_markdown(rows: list[dict], p: PipelineParams, outcome: str) -> str:
                      f"{_cell(sum(stats.get('dropped', {}).values()))} | "
                      f"{'up to date' if stats.get('up_to_date') else stats.get('wall_seconds', '-')} | "
                      f"{check} | {link} {state} |")
-    lines += ["", f"Data Docs: [{docs_link(p)}]({docs_link(p)}) (served by `make docs` / `make ui`)"]
+    lines += ["", f"Data Docs: [{docs_link(p)}]({docs_link(p)}) (served by `make docs` / `make ui`)" if _served(p.paths.data_dir)
+              else docs_reference(p)]
     return "\n".join(lines)
 
 

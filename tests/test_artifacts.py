@@ -84,3 +84,30 @@ def test_a_flow_logs_the_stages_warnings_before_its_failed_validation(tmp_path):
     failed = out.stderr.find("stage 'download' failed validation: a planted failure")
     assert 0 <= warned < failed, out.stderr[-3000:]
     assert "download: download.curated: 1 documents have no dataset name" in out.stderr[warned:failed]
+
+
+def test_the_validation_table_escapes_html_and_links_only_the_docs_that_are_served(tmp_path, monkeypatch):
+    """A UI drill: a table-level expectation's column `<table>` was taken for a tag (the V2 UI nested the rest of
+    the table and the plots in it), and a run with another data_dir linked to params.yaml's data's report,
+    which another run had validated."""
+    import yaml
+    from tasks.validation import ValidationReport
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"paths": {"data_dir": "data"}}))
+    report = ValidationReport("extract", expectations=1, results=[
+        {"expectation": "expect_table_row_count_to_be_between", "column": "<table>", "unexpected": 0, "passed": True}])
+    text = stats_markdown({"stage": "extract"}, report, parse_params({}))
+    assert "| expect_table_row_count_to_be_between | &lt;table&gt; | 0 | yes |" in text and "<table>" not in text
+    assert "[Data Docs](http://127.0.0.1:" in text
+    other = parse_params({"paths": {"data_dir": str(tmp_path / "data_exp")}})
+    text = stats_markdown({"stage": "extract"}, report, other)
+    assert "[Data Docs]" not in text
+    assert f"Data Docs: `{tmp_path / 'data_exp' / 'docs' / 'extract' / 'index.html'}` (this run's data_dir" in text
+
+
+def test_a_command_line_runs_links_open_the_v2_ui(monkeypatch):
+    """A UI drill: a command-line run (a temporary server, no UI address) linked `/artifacts/artifact/<id>`, V1's
+    page, which took a person out of the V2 UI that Prefect opens by default."""
+    from flows.artifacts import artifact_url
+    monkeypatch.delenv("PREFECT_UI_URL", raising=False)
+    assert artifact_url("abc") == "/v2/artifacts/artifact/abc"
