@@ -256,3 +256,30 @@ def test_the_error_of_a_failed_launch_is_read_from_its_log(tmp_path, text, line)
     log = tmp_path / "launch.log"
     log.write_text(text)
     assert launch.first_error(log) == line
+
+
+def test_every_rank_runs_one_thread_whatever_the_callers_mkl_setting(tmp_path, monkeypatch):
+    """A determinism drill: torch reads MKL_NUM_THREADS after OMP_NUM_THREADS and the later wins, so a job script's
+    MKL_NUM_THREADS=4 gave each rank 2 threads: other reduction orders, other checkpoint bytes and losses."""
+    monkeypatch.setenv("MKL_NUM_THREADS", "4")
+    env = launch.environment(tmp_path / "launch.log")
+    assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "1"
+    assert "MKL_NUM_THREADS=1" in (tmp_path / "deepspeed_env").read_text().splitlines()  # the other hosts' too
+
+
+def test_a_rank_reads_run_json_as_the_stage_wrote_it(tmp_path):
+    """A determinism drill: under a Latin-1 locale a rank read run.json (UTF-8) in the locale's encoding, took a
+    project path with an 'é' for another folder and failed. Python warns of a read without an encoding."""
+    import json
+    import subprocess
+    from trainer.run import RunSpec
+    folder = tmp_path / "projet_é"
+    folder.mkdir()
+    run_json = folder / "run.json"
+    run_json.write_text(spec(folder / "out").model_dump_json(), encoding="utf-8")
+    code = ("import sys, trainer.run as r; s = r.read_spec(sys.argv[1]); print(s.out)")
+    out = subprocess.run([sys.executable, "-X", "warn_default_encoding", "-W", "error::EncodingWarning", "-c", code,
+                          str(run_json)], capture_output=True, text=True, encoding="utf-8",
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(folder / "out") == RunSpec.model_validate(json.loads(run_json.read_text("utf-8"))).out

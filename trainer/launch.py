@@ -113,8 +113,10 @@ def command(module: str, config: Path, ranks: int, launch: LaunchParams = LOCAL)
 def environment(log: Path) -> dict:
     # one thread per rank: ranks x default threads on a few cores is ~10x slower (DESIGN.md)
     # and the ranks stop when this process does (tasks.core.lifeline)
+    # (MKL's too: torch reads MKL_NUM_THREADS after OMP_NUM_THREADS and the later wins, so a job script's
+    # MKL_NUM_THREADS=4 gave each rank 2 threads, other reduction orders, other checkpoint bytes, 38% slower)
     ours = {"DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR") or "cpu", "OMP_NUM_THREADS": "1",
-            **lifeline.launcher_env()}
+            "MKL_NUM_THREADS": "1", **lifeline.launcher_env()}
     # pdsh passes only a few variables to the other hosts: the rest go through DeepSpeed's env file
     # (the user's ~/.deepspeed_env lines first, then ours)
     env_file = Path(log).with_name("deepspeed_env")

@@ -67,15 +67,15 @@ def launch(run: ParityRun, workdir: Path, timeout: float = 900) -> dict:
     workdir.mkdir(parents=True, exist_ok=True)
     run = run.model_copy(update={"out": str(workdir / "result.json")})
     cfg = workdir / "run.json"
-    cfg.write_text(run.model_dump_json())
+    cfg.write_text(run.model_dump_json(), encoding="utf-8")
     launcher.run("trainer.parity", cfg, run.parallel.world_size, workdir / "launch.log", timeout)
-    return json.loads(Path(run.out).read_text())
+    return json.loads(Path(run.out).read_text(encoding="utf-8"))
 
 
 def main(argv: list[str]) -> int:
     from tasks.core.errors import describe
     try:
-        run = ParityRun.model_validate_json(Path(argv[0]).read_text())
+        run = ParityRun.model_validate_json(Path(argv[0]).read_text(encoding="utf-8"))
         losses, norms = engine_losses(run)
     except Exception as e:  # noqa: BLE001 - one line and the exit code, as every entry point
         code, line = describe(e)

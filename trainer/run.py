@@ -53,7 +53,7 @@ def launch(spec: RunSpec, timeout: float = 1800) -> dict[int, float]:
     from trainer import launch as launcher
     out = Path(spec.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "run.json").write_text(spec.model_dump_json())
+    (out / "run.json").write_text(spec.model_dump_json(), encoding="utf-8")
     launcher.run("trainer.run", out / "run.json", spec.train.parallel.world_size, out / "launch.log", timeout,
                  launch=spec.launch)
     return losses(out)
@@ -70,7 +70,7 @@ def launch_and_kill(spec: RunSpec, after_step: int, timeout: float = 900) -> int
     from trainer import launch as launcher
     out = Path(spec.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "run.json").write_text(spec.model_copy(update={"hold_after_step": after_step}).model_dump_json())
+    (out / "run.json").write_text(spec.model_copy(update={"hold_after_step": after_step}).model_dump_json(), encoding="utf-8")
     proc = launcher.start("trainer.run", out / "run.json", spec.train.parallel.world_size, out / "launch.log",
                           spec.launch)
     metrics, deadline = out / "metrics.csv", time.monotonic() + timeout
@@ -95,6 +95,12 @@ def losses(out: Path) -> dict[int, float]:
         return {int(r["step"]): float(r["loss"]) for r in csv.DictReader(f)}
 
 
+def read_spec(path: Path) -> RunSpec:
+    """run.json as the stage wrote it, UTF-8 (read in the locale's encoding, a Latin-1 locale took a project path
+    with an 'é' for another folder, and every rank failed on a blend it could not find)."""
+    return RunSpec.model_validate_json(Path(path).read_text(encoding="utf-8"))
+
+
 def main(argv: list[str]) -> int:
     from tasks.core import lifeline
     from tasks.core.errors import describe
@@ -104,7 +110,7 @@ def main(argv: list[str]) -> int:
     with lifeline.hold(Path(argv[0]).parent):
         try:
             from trainer.loop import train
-            spec = RunSpec.model_validate_json(Path(argv[0]).read_text())
+            spec = read_spec(Path(argv[0]))
             Path(spec.out).mkdir(parents=True, exist_ok=True)  # every rank: whichever writes first finds it
             result = train(spec.train, samples_of(spec), Path(spec.out), spec.init_from and Path(spec.init_from),
                            spec.run_id)

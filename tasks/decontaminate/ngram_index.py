@@ -251,11 +251,11 @@ class NgramIndex:
             np.save(folder / f"{name}.npy", getattr(self, name))
         meta = {"n": self.n, "min_n": self.min_n, "task_names": self.task_names,
                 "short_lengths": self.short_lengths.tolist(), "per_task": self.per_task}
-        (folder / "meta.json").write_text(json.dumps(meta))
+        (folder / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
 
     @classmethod
     def load(cls, folder: Path) -> "NgramIndex":
-        meta = json.loads((folder / "meta.json").read_text())
+        meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
         hashes = np.load(folder / "hashes.npy")
         return cls(meta["n"], meta["min_n"], meta["task_names"], hashes, np.load(folder / "masks.npy"),
                    np.load(folder / "prefixes.npy"), np.array(meta["short_lengths"], dtype=np.int64),
