@@ -154,10 +154,6 @@ class Engine:
             raise TrainingError("fp16 loss scale is at its minimum (min_loss_scale 1) and the step still overflows: "
                                 "the gradients are not finite at any scale (lower the learning rate, or bf16)") from None
 
-    def step_applied(self) -> bool:
-        """Whether the last step updated the weights: False where fp16's loss scaler skipped it (an overflow)."""
-        return bool(self.ds.was_step_applied())
-
     def grad_norm(self) -> float | None:
         """The last step's global gradient norm before clipping, as DeepSpeed's optimizer computed it
         (ZeRO-1 and half precision; None under stage-0 fp32, whose clipping keeps no norm)."""

@@ -75,16 +75,11 @@ def train(cfg: TrainParams, samples: Samples, out: Path, init_from: Path | None 
     engine = Engine.start(cfg.model, cfg.parallel, cfg.optim, cfg.seed)
     # dropout's streams (trainer/rng.py); a resume at the same layout restores their exact state
     rng.seed_streams(cfg.seed, engine.coord)
-    # lr_tokens: the tokens of the updates applied, which the learning rate follows (an fp16 step the loss scaler
-    # skips moves the data on, not the schedule: Megatron steps its scheduler only on a successful update, and
-    # DeepSpeed's skipped_steps do not step its lr_scheduler; here warmup and decay ran short by every skip)
-    position = {"consumed_samples": 0, "consumed_tokens": 0, "lr_tokens": 0}
+    position = {"consumed_samples": 0, "consumed_tokens": 0}
     step = 0
     if found is not None:
         meta = checkpoint.load(engine, found, own=own is not None)
-        step = meta["step"]
-        position = {"consumed_samples": meta["consumed_samples"], "consumed_tokens": meta["consumed_tokens"],
-                    "lr_tokens": meta.get("lr_tokens", meta["consumed_tokens"])}  # saved before it: every step counted
+        step, position = meta["step"], {k: meta[k] for k in position}
     # train_tokens 0, or a budget whose last batch would run past the data it was built for: the whole
     # batches left from here (from the resume position: a global batch changed on resume makes whole
     # batches of what is left, where whole batches of all the samples at the new batch could end past it)
@@ -102,7 +97,7 @@ def train(cfg: TrainParams, samples: Samples, out: Path, init_from: Path | None 
             if start + rows > len(samples):
                 raise ConfigError(f"the data has {len(samples)} samples but step {step + 1} needs samples up to "
                                   f"{start + rows}: train_tokens {cfg.schedule.train_tokens} needs a larger blend")
-            lr = schedule.learning_rate(position["lr_tokens"], cfg.schedule, cfg.optim)
+            lr = schedule.learning_rate(position["consumed_tokens"], cfg.schedule, cfg.optim)
             engine.set_global_batch(rows)
             engine.set_lr(lr)
             t0 = time.perf_counter()
@@ -112,12 +107,12 @@ def train(cfg: TrainParams, samples: Samples, out: Path, init_from: Path | None 
                 raise TrainingError(f"loss is {loss} at step {step + 1} (no loss scaler to skip it in "
                                     f"{cfg.optim.dtype}): stopping rather than training on garbage")
             # fp16: DeepSpeed's dynamic loss scaler has skipped this step's update and lowered the scale;
-            # the data position moves on (as Megatron), the learning rate's does not, and the row records the
-            # non-finite loss
+            # the data position moves on (as Megatron), and the row records the non-finite loss; so does the
+            # learning rate, which follows the tokens consumed: Megatron-DeepSpeed's token-based schedule (MT-NLG's
+            # --lr-warmup-tokens / --lr-decay-tokens) reads consumed_train_tokens, which counts every iteration,
+            # skipped or not (Megatron-LM's iteration-based one counts applied updates only)
             step += 1
-            applied = engine.step_applied()
-            position = {"consumed_samples": start + rows, "consumed_tokens": position["consumed_tokens"] + rows * seq,
-                        "lr_tokens": position["lr_tokens"] + (rows * seq if applied else 0)}
+            position = {"consumed_samples": start + rows, "consumed_tokens": position["consumed_tokens"] + rows * seq}
             if leader:
                 tflops = model_flops(engine.model, rows) / seconds / world / 1e12
                 row = {"step": step, "loss": repr(loss), "lr": f"{lr:.6g}", "global_batch": rows,
