@@ -69,6 +69,9 @@ def record_in_dvc(stages: list[str], p: PipelineParams) -> str:
     if repaired:  # the other stages' records went with it: every stage with outputs is recorded again
         stages = [s for s in registry.PIPELINE if s not in edited and stats_path(p, s).is_file()]
     code, output = _dvc_to_the_end(["commit", "--force", *stages], root)
+    if code != 0 and "Unable to acquire lock" in output:  # a stage running in data/ holds it (tasks.core.runner)
+        return (f"not recorded in dvc.lock: a stage running in {p.paths.data_dir} holds DVC's lock (a train run "
+                f"can for days); `dvc commit {' '.join(stages)}` records this run once it ends")
     if code != 0:
         raise RuntimeError(f"dvc commit failed: {dvc_error(output)}")
     return (f"{repaired}recorded in dvc.lock: {', '.join(stages)}" + (f"; {skipped}" if skipped else ""))

@@ -93,7 +93,7 @@ def resolve(params: PipelineParams, params_file: str | None) -> PipelineParams:
     if PARAMS_YAML_ERROR is not None and params == DEFAULT_PARAMS:
         raise ConfigError(f"{PARAMS_YAML_ERROR} (a quick run reads params.yaml: fix it, or give the run its "
                           f"parameters)")
-    if _a_deployments_own_run():
+    if params != DEFAULT_PARAMS and _a_deployments_own_run():  # a quick run gets DEFAULT_PARAMS itself, unset fields and all
         params, filled = filled_from(DEFAULT_PARAMS, params)
         if filled:
             get_run_logger().warning("params: %d field(s) left empty take params.yaml's value: %s", len(filled),

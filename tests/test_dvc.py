@@ -198,6 +198,11 @@ def test_dvc_repro_beside_a_running_stage_stops_before_deleting_its_input(tmp_pa
         assert (corpus / "part-0.warc.gz").read_bytes() == b"read by download"
         with stage_lock(p, "tokenize"):  # stages share it: another stage starts beside it
             pass
+        # a pipeline run that ends meanwhile (another stage of data/, a train run can hold it for days) is not
+        # recorded, and says so: its `dvc commit` failed the whole run ("Unable to acquire lock")
+        from flows.dvc_sync import record_in_dvc
+        assert record_in_dvc(["sample"], p).startswith(f"not recorded in dvc.lock: a stage running in {p.paths.data_dir} "
+                                                       f"holds DVC's lock")
     # the other way round: a stage does not start while a DVC command holds it
     held = zc.lockfile.LockFile(str(root / ".dvc/tmp/lock"))
     try:

@@ -26,14 +26,21 @@ RUN = ParityRun(model=TINY, parallel=ParallelParams(micro_batch=2, global_batch=
     (ParallelParams(tp=2, pp=2, dp=2), 4, "world size 4 is not tp x pp x dp = 2 x 2 x 2 = 8"),
     (ParallelParams(dp=3, micro_batch=2, global_batch=8), 3,
      "global_batch 8 is not divisible by micro_batch x dp = 2 x 3 = 6"),
-    # a review: a stage without a block drops its empty no-decay group, and ZeRO-1's norm hung at the first step
-    (ParallelParams(pp=4), 4, "pp 4 with partition 'parameters' leaves stage 0 with no transformer block (WordEmbedding)"),
-    (ParallelParams(pp=3, partition="uniform"), 3,
-     "pp 3 with partition 'uniform' leaves stage 2 with no transformer block (LayerNorm, WordEmbedding)"),
+    # a review: a stage of embeddings only drops its empty no-decay group, and ZeRO-1's norm hung at the first step
+    # (one with the final LayerNorm and the head, pp 3 by layers here, has both groups and trains)
+    (ParallelParams(pp=4), 4, "pp 4 with partition 'parameters' leaves stage 0 with no biases or LayerNorms "
+                              "(no-decay parameters) (WordEmbedding)"),
+    (ParallelParams(pp=4, partition="uniform"), 4, "pp 4 with partition 'uniform' leaves stage 0 with no biases or "
+                                                   "LayerNorms (no-decay parameters) (WordEmbedding, PositionEmbedding)"),
 ])
 def test_bad_layouts_are_refused_with_one_line(par, world, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         plan(TINY, par, world)
+
+
+def test_a_stage_of_the_final_layer_norm_and_the_head_is_a_layout_that_trains():
+    """Both parameter groups are there (a review: refused at first, though it trains as the plain loop does)."""
+    assert plan(TINY, ParallelParams(pp=3, partition="uniform"), 3)[1] == []
 
 
 def test_vocab_is_padded_for_tensor_parallelism_and_says_so():

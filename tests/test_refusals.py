@@ -156,4 +156,5 @@ def test_a_language_cut_below_extracts_is_refused():
                                           r"0.5: extract labels every text under 0.5 'unknown'"):
         parse_params({"filter": {"language": {"min_score": 0.3}}})
     parse_params({"filter": {"language": {"min_score": 0.3}}, "extract": {"lang_min_confidence": 0.3}})
+    parse_params({"filter": {"language": {"min_score": 0.3, "keep": ["en", "unknown"]}}})  # it picks the unknown kept
     parse_params({"filter": {"language": {"min_score": 0.8}}})

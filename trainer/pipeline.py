@@ -8,7 +8,7 @@ it as the LM head, and DeepSpeed sums its gradient across the two stages after e
 vocab-parallel cross-entropy, so the last stage never holds the full logits. Layers are split into
 stages evenly by parameter count (DeepSpeed's partition_method="parameters"), by layer count ("uniform") or
 by transformer blocks ("blocks": type:Block, as Megatron-DeepSpeed splits GPT); a split that would leave a
-stage without a block is refused before launch (blockless_stage).
+stage with parameters of one kind only (an embedding alone) is refused before launch (blockless_stage).
 """
 from __future__ import annotations
 
@@ -90,20 +90,24 @@ def stage_parts(p: ModelParams, par: ParallelParams) -> list[int]:
 
 
 def blockless_stage(p: ModelParams, par: ParallelParams) -> str | None:
-    """Why a stage of this split would hold no transformer block; None when each holds one. DeepSpeed drops
-    such a stage's empty no-decay parameter group, and ZeRO-1's gradient norm, one all-reduce per group
-    across the stages, then hangs at the first step (fp32, fp16) or fails in bf16 ("stack expects a non-empty
-    TensorList"). Megatron-DeepSpeed splits by transformer layers for this."""
+    """Why a stage of this split would hold parameters of one kind only (matrices, which take weight decay, or
+    biases and LayerNorms, which do not); None when each holds both. DeepSpeed drops such a stage's empty
+    parameter group, and ZeRO-1's gradient norm, one all-reduce per group across the stages, then hangs at the
+    first step (fp32, fp16) or fails in bf16 ("stack expects a non-empty TensorList"): a stage with a block, or
+    with the final LayerNorm and an embedding, is fine. Megatron-DeepSpeed splits by transformer layers."""
     if par.pp == 1:
         return None
     names, parts = layer_names(p), stage_parts(p, par)
     for s in range(par.pp):
         held = names[parts[s]:parts[s + 1]]
-        if "Block" not in held:
-            return (f"pp {par.pp} with partition {par.partition!r} leaves stage {s} with no transformer block "
-                    f"({', '.join(held) or 'no layer'}), on which DeepSpeed's ZeRO-1 can hang at the first step: "
-                    f"use partition 'blocks' (each stage an equal share of the blocks, as Megatron-DeepSpeed) "
-                    f"or fewer stages")
+        matrices = any(n != "LayerNorm" for n in held)
+        vectors = any(n in ("Block", "LayerNorm") for n in held)
+        if not (matrices and vectors):
+            lacks = "biases or LayerNorms (no-decay parameters)" if matrices else "matrices (weight-decayed parameters)"
+            return (f"pp {par.pp} with partition {par.partition!r} leaves stage {s} with no {lacks} "
+                    f"({', '.join(held) or 'no layer'}): DeepSpeed drops its empty parameter group, and ZeRO-1 hangs "
+                    f"at the first step; use partition 'blocks' (each stage an equal share of the blocks, as "
+                    f"Megatron-DeepSpeed) or fewer stages")
     return None
 
 

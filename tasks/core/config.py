@@ -193,7 +193,7 @@ class PipelineParams(Strict):
     def _language_cut_is_reachable(self):
         # extract labels every text under its cut 'unknown', so a lower filter cut changed nothing, silently
         cut, kept = self.extract.lang_min_confidence, self.filter.language.min_score
-        if 0 < kept < cut:
+        if 0 < kept < cut and "unknown" not in self.filter.language.keep:  # keeping unknown, it picks which
             raise ValueError(f"filter.language.min_score {kept} is below extract.lang_min_confidence {cut}: extract "
                              f"labels every text under {cut} 'unknown', so it keeps none of them; lower "
                              f"extract.lang_min_confidence instead")
