@@ -255,6 +255,14 @@ def test_ui_quick_run_shows_summary_plots_and_data_docs(server, tmp_path):
     sync_playwright, expect = _chromium()
     docs_port = free_port()
     repo = copy_project(tmp_path, paths={"docs_url": f"http://127.0.0.1:{docs_port}"})
+    # the quick run of this copy's deployment runs the stages the checks below read (the whole DAG through Prefect
+    # is test_pipeline_against_server's): about a minute of the suite; the real deployment has no parameters
+    stages = ["sample", "download", "extract"]
+    deployments = yaml.safe_load((repo / "prefect.yaml").read_text())
+    sample = next(d for d in deployments["deployments"] if d["name"] == "sample")
+    assert sample["parameters"] == {}, "a quick run of the real deployment reads params.yaml whole"
+    sample["parameters"] = {"stages": stages}
+    (repo / "prefect.yaml").write_text(yaml.safe_dump(deployments, sort_keys=False))
     docs = subprocess.Popen([sys.executable, "-m", "flows.docs_server", "--params", "params.yaml"], cwd=repo,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     prefect, ui = str(BIN / "prefect"), server["PREFECT_UI_URL"]
@@ -262,7 +270,7 @@ def test_ui_quick_run_shows_summary_plots_and_data_docs(server, tmp_path):
         run([prefect, "work-pool", "create", "local-process", "--type", "process", "--overwrite"], repo, server)
         run([prefect, "deploy", "--all"], repo, {**server, "PREFECT_CLI_PROMPT": "false", "PWD": str(repo)})
         dep = api(server, "/deployments/filter", {"deployments": {"name": {"any_": ["sample"]}}})[0]
-        assert dep["schedules"] == [] and dep["parameters"] == {}
+        assert dep["schedules"] == [] and dep["parameters"] == {"stages": stages}
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
