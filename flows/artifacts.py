@@ -39,8 +39,9 @@ def docs_reference(p: PipelineParams, stage: str | None = None) -> str:
     """Markdown for the Data Docs of this run: the served link, where `make docs` / `make ui` serve them (the
     data_dir of params.yaml); the report's file otherwise (a UI run with another data_dir linked to the report
     of params.yaml's data, validated by another run)."""
-    if _served(p.paths.data_dir):
-        return f"[Data Docs]({docs_link(p, stage)}) (served by `make docs` / `make ui`)"
+    if _served(p.paths.data_dir):  # a stage's report under its name, the index of every stage under its address
+        link = docs_link(p, stage)
+        return f"{'[Data Docs]' if stage else f'Data Docs: [{link}]'}({link}) (served by `make docs` / `make ui`)"
     page = Path(p.paths.data_dir) / "docs" / (f"{stage}/" if stage else "") / "index.html"
     return f"Data Docs: `{page}` (this run's data_dir is not the one `make docs` / `make ui` serve)"
 
@@ -206,8 +207,7 @@ def summary_markdown(rows: list[dict], p: PipelineParams, outcome: str) -> str:
                      f"{_cell(sum(stats.get('dropped', {}).values()))} | "
                      f"{'up to date' if stats.get('up_to_date') else stats.get('wall_seconds', '-')} | "
                      f"{check} | {link} {state} |")
-    lines += ["", f"Data Docs: [{docs_link(p)}]({docs_link(p)}) (served by `make docs` / `make ui`)" if _served(p.paths.data_dir)
-              else docs_reference(p)]
+    lines += ["", docs_reference(p)]
     return "\n".join(lines)
 
 

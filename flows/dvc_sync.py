@@ -17,13 +17,9 @@ from pathlib import Path
 import yaml
 
 from tasks.core import interrupts, registry
-from tasks.core.config import ConfigError, PipelineParams, load_params, untracked_data_dir
+from tasks.core.config import ConfigError, PipelineParams, dvc_repo_root, load_params, untracked_data_dir
 from tasks.core.runner import stats_path
 from tasks.core.source import changed_since_loaded
-
-
-def dvc_repo_root(start: Path = Path(".")) -> Path | None:
-    return start.resolve() if (start / ".dvc").is_dir() and (start / "dvc.yaml").is_file() else None
 
 
 def without_scm(root: Path) -> bool:

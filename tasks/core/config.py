@@ -268,6 +268,11 @@ def load_params(path: str | Path = "params.yaml") -> PipelineParams:
     return parse_params(raw, str(path))
 
 
+def dvc_repo_root(start: Path = Path(".")) -> Path | None:
+    """The DVC project at `start` (its .dvc/ and dvc.yaml), resolved; None where there is none."""
+    return start.resolve() if (start / ".dvc").is_dir() and (start / "dvc.yaml").is_file() else None
+
+
 def untracked_data_dir(data_dir: str | Path, root: Path) -> str | None:
     """Why DVC cannot record outputs written under `data_dir` for the project at `root`, whose dvc.yaml names
     them data/...: another folder, or a data/ that is a symlink leading out of the repository (DVC records

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from tasks.core import registry
-from tasks.core.config import PipelineParams
+from tasks.core.config import PipelineParams, dvc_repo_root, untracked_data_dir
 from tasks.core.errors import CodeChanged, PipelineError, StageBusy, StageFailed, UnfinishedInput
 from tasks.core.identity import done_marker, input_stat, read_json, recorded_for
 from tasks.core.passes import (PassLayout, Shard, atomic_write_text, digest, merge_stats, prune, remove_leftovers,
@@ -126,9 +126,8 @@ def _dvc_repo_lock(p: PipelineParams):
     first (exclusive, zc.lockfile's flock) and now stops with its "Unable to acquire lock" instead. Stages
     can share it, and `dvc repro`'s own stages can take it: DVC lets go of it while a stage's command runs.
     None where DVC tracks nothing of this run (another data_dir), or with no .dvc/ here."""
-    from tasks.core.config import untracked_data_dir
-    root = Path.cwd()
-    if not (root / ".dvc").is_dir() or not (root / "dvc.yaml").is_file() or untracked_data_dir(p.paths.data_dir, root):
+    root = dvc_repo_root()
+    if root is None or untracked_data_dir(p.paths.data_dir, root):
         return None
     try:
         (root / ".dvc" / "tmp").mkdir(exist_ok=True)
