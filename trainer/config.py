@@ -135,9 +135,9 @@ def plan(model: ModelParams, par: ParallelParams, world_size: int) -> tuple[Mode
                           f"= {par.world_size}")
     if why := layout_problem(model, par):
         raise ConfigError(why)
-    from trainer.pipeline import blockless_stage
+    from trainer.pipeline import one_group_stage
     padded = padded_vocab(model.vocab_size, par.tp)
-    if why := blockless_stage(model.model_copy(update={"vocab_size": padded}), par):
+    if why := one_group_stage(model.model_copy(update={"vocab_size": padded}), par):
         raise ConfigError(why)
     if padded == model.vocab_size:
         return model, []

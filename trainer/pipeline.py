@@ -8,7 +8,7 @@ it as the LM head, and DeepSpeed sums its gradient across the two stages after e
 vocab-parallel cross-entropy, so the last stage never holds the full logits. Layers are split into
 stages evenly by parameter count (DeepSpeed's partition_method="parameters"), by layer count ("uniform") or
 by transformer blocks ("blocks": type:Block, as Megatron-DeepSpeed splits GPT); a split that would leave a
-stage with parameters of one kind only (an embedding alone) is refused before launch (blockless_stage).
+stage with parameters of one kind only (an embedding alone) is refused before launch (one_group_stage).
 """
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def stage_parts(p: ModelParams, par: ParallelParams) -> list[int]:
     return [int(x) for x in partition_balanced(weights=weights, num_parts=par.pp)]
 
 
-def blockless_stage(p: ModelParams, par: ParallelParams) -> str | None:
+def one_group_stage(p: ModelParams, par: ParallelParams) -> str | None:
     """Why a stage of this split would hold parameters of one kind only (matrices, which take weight decay, or
     biases and LayerNorms, which do not); None when each holds both. DeepSpeed drops such a stage's empty
     parameter group, and ZeRO-1's gradient norm, one all-reduce per group across the stages, then hangs at the
@@ -118,7 +118,7 @@ def build_pipeline(p: ModelParams, par: ParallelParams, group=None, seed: int = 
                           partition_method=partition_method(par), activation_checkpoint_interval=int(par.recompute),
                           checkpointable_layers=["Block"],  # not the embeddings: their input is tokens
                           base_seed=seed)  # only printed (no seed_layers: init_parameters seeds), so truthfully
-    if list(pipe.parts) != stage_parts(p, par):  # plan() refused a block-less stage from this prediction
+    if list(pipe.parts) != stage_parts(p, par):  # plan() refused a one-group stage from this prediction
         raise RuntimeError(f"DeepSpeed split the stages at {list(pipe.parts)}, trainer.pipeline.stage_parts "
                            f"predicted {stage_parts(p, par)}")
     init_parameters(plain_modules(pipe, p.n_layer), p, seed)
