@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from tasks.core.config import parse_params
 from tasks.core.errors import UnfinishedInput
 from tasks.download.http_fetch import gzip_complete
 from tasks.core.runner import run_stage
-from tests.conftest import REPO, small_raw
+from tests.conftest import REPO, copy_stages, small_raw
 
 
 def digest(stage_dir: Path) -> dict[str, bytes]:
@@ -109,17 +110,25 @@ def redone_passes(st: dict) -> list[str]:
     return [x["name"] for x in st["passes"] if x["resumed"] < (x["shards"] if x["kind"] == "sharded" else 1)]
 
 
-def test_inputs_count_by_the_content_their_pass_recorded_not_by_their_time(tmp_path):
+def test_inputs_count_by_the_content_their_pass_recorded_not_by_their_time(tmp_path, extracted):
     """A `dvc checkout`, `dvc pull` or copy gives every file a new mtime: with inputs identified by size
     and mtime, every pass after the first redid everything (and rewrote its outputs, so the next did too)."""
+    copy_stages(Path(extracted.paths.data_dir), tmp_path / "data")
     p = parse_params(small_raw(tmp_path / "data"))
-    for s in ("sample", "download", "extract", "filter", "dedup"):
+    for s in ("filter", "dedup"):
         run_stage(s, p)
     later = time.time() + 100
     for k, f in enumerate(sorted((tmp_path / "data").rglob("*"))):  # completions/ before shards/: outputs
         os.utime(f, (later + k, later + k))                          # newer than their markers, hashed again
     for s in ("download", "extract", "filter", "dedup"):
         assert redone_passes(run_stage(s, p)) == [], s
+
+    # a data folder copied or moved elsewhere (a larger disk, a clone at another path) holds the same
+    # inputs: with inputs named by absolute path, every shard and global pass was redone
+    moved = parse_params(small_raw(tmp_path / "moved"))
+    shutil.copytree(tmp_path / "data", tmp_path / "moved")
+    for s in ("download", "extract", "filter", "dedup"):
+        assert redone_passes(run_stage(s, moved, skip_up_to_date=False)) == [], s
 
     # the same size, other bytes (a disk error, a hand edit) after extract wrote it: filter does not keep
     # what it made of the old bytes, and names the shard
@@ -137,10 +146,8 @@ def test_inputs_count_by_the_content_their_pass_recorded_not_by_their_time(tmp_p
     assert redone_passes(run_stage("filter", p))[:1] == ["rules"]
 
 
-def test_stale_outputs_are_removed_when_the_plan_shrinks(tmp_path):
-    p = parse_params(small_raw(tmp_path / "d"))
-    for s in ("sample", "download"):
-        run_stage(s, p)
+def test_stale_outputs_are_removed_when_the_plan_shrinks(tmp_path, downloaded):
+    copy_stages(downloaded, tmp_path / "d")
     fewer = parse_params(small_raw(tmp_path / "d", download={"n_files": 1}))
     st = run_stage("download", fewer)
     warcs = list((tmp_path / "d/download/shards").glob("*.warc.gz"))

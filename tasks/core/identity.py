@@ -42,6 +42,21 @@ def recorded_for(run: str, data_dir: str | Path | None = None) -> None:
     _RUN["remembered"] = Path(data_dir) / ".input-hashes" if data_dir is not None else None
 
 
+def input_names(paths, data_dir: str | Path) -> list[str]:
+    """Each input as a fingerprint names it: a path under the data folder relative to that folder, any
+    other as given. A data folder moved to a larger disk, or copied, or `dvc pull`ed into a clone at
+    another path holds the same inputs: named by absolute path, every finished shard was redone."""
+    root = os.path.abspath(data_dir)
+    names = []
+    for i in paths:
+        if "://" not in i and os.path.isabs(i):
+            rel = os.path.relpath(os.path.abspath(i), root)
+            if rel != os.pardir and not rel.startswith(os.pardir + os.sep):
+                i = os.path.join("$data", rel)
+        names.append(i)
+    return names
+
+
 def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:

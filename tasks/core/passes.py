@@ -34,7 +34,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from tasks.core.identity import file_sha256, input_stat, read_json, records_by_output
+from tasks.core.identity import file_sha256, input_names, input_stat, read_json, records_by_output
 
 
 class ShardFailed(Exception):
@@ -199,11 +199,13 @@ def digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def fingerprint(pass_params: dict, shard: Shard, upstream: str = "") -> str:
+def fingerprint(pass_params: dict, shard: Shard, data_dir: str | Path, upstream: str = "") -> str:
     """What a shard's output depends on: the pass parameters, each input (input_stat: by content where it
-    can, so an input rewritten with other bytes redoes the shard), and what `upstream` holds: the stage's
-    code and the digest of the passes before it in the stage."""
-    return digest([pass_params, shard.inputs, input_stat(shard.inputs), shard.output, shard.tag, upstream])
+    can, so an input rewritten with other bytes redoes the shard; named relative to `data_dir`, the data
+    folder, where it lies in it), and what `upstream` holds: the stage's code and the digest of the
+    passes before it in the stage."""
+    return digest([pass_params, input_names(shard.inputs, data_dir), input_stat(shard.inputs), shard.output,
+                   shard.tag, upstream])
 
 
 def written_records(layout: PassLayout) -> dict[str, dict]:
@@ -242,10 +244,11 @@ def finished_stats(pass_root: Path, shard_name: str) -> dict:
 ShardFn = Callable[[Shard, Path], ShardStats]
 
 
-def run_shard(layout: PassLayout, shard: Shard, fn: ShardFn, pass_params: dict, upstream: str = "") -> dict:
+def run_shard(layout: PassLayout, shard: Shard, fn: ShardFn, pass_params: dict, data_dir: str | Path,
+              upstream: str = "") -> dict:
     """Run `fn(shard, tmp_output)` unless a valid completion marker says it is done."""
     out, marker = layout.output(shard), layout.marker(shard)
-    fp = fingerprint(pass_params, shard, upstream)
+    fp = fingerprint(pass_params, shard, data_dir, upstream)
     done = read_json(marker) if marker.exists() and out.exists() else None
     corrupt = 0
     if done and done.get("fingerprint") == fp:

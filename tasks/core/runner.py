@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 from tasks.core import registry
 from tasks.core.config import PipelineParams, dvc_repo_root, untracked_data_dir
 from tasks.core.errors import CodeChanged, PipelineError, StageBusy, StageFailed, UnfinishedInput
-from tasks.core.identity import done_marker, input_stat, read_json, recorded_for
+from tasks.core.identity import done_marker, input_names, input_stat, read_json, recorded_for
 from tasks.core.passes import (PassLayout, Shard, atomic_write_text, digest, merge_stats, prune, remove_leftovers,
                                run_global, run_shard, shards_digest)
 from tasks.core.source import changed_since_loaded, loaded_code_digest
@@ -40,7 +40,8 @@ def process_shard(stage: str, pass_name: str, p: PipelineParams, shard: Shard, c
     layout = PassLayout(st.pass_root(p.paths.data_dir, ps))
     recorded_for(ctx.run, ctx.data_dir)
     with naming_changed_input(ctx, lambda: shard.inputs):
-        return run_shard(layout, shard, lambda s, tmp: ps.process(s, tmp, p, ctx), ps.params(p), ctx.upstream())
+        return run_shard(layout, shard, lambda s, tmp: ps.process(s, tmp, p, ctx), ps.params(p), p.paths.data_dir,
+                         ctx.upstream())
 
 
 @contextlib.contextmanager
@@ -169,7 +170,7 @@ def _run_sharded(st: Stage, ps: ShardedPass, p: PipelineParams, ctx: Context, ma
 def global_fingerprint(ps: GlobalPass, p: PipelineParams, ctx: Context) -> tuple[list[str], str]:
     """A global pass's inputs and the fingerprint its marker must hold for its output to be reused."""
     inputs = ps.inputs(p, ctx)
-    return inputs, digest([ps.params(p), inputs, input_stat(inputs), ctx.upstream()])
+    return inputs, digest([ps.params(p), input_names(inputs, p.paths.data_dir), input_stat(inputs), ctx.upstream()])
 
 
 def global_pass_marked_done(st: Stage, ps: GlobalPass, p: PipelineParams, ctx: Context) -> bool:
