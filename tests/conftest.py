@@ -81,6 +81,35 @@ def extracted(tmp_path_factory):
     return p
 
 
+@pytest.fixture(scope="session")
+def downloaded(tmp_path_factory) -> Path:
+    """A data dir where sample -> download already ran (small sample), for tests to copy (`copy_data`):
+    each test that ran the two stages itself spent ~10 s on the same bytes."""
+    from tasks.core.config import parse_params
+    from tasks.core.runner import run_stage
+
+    data = tmp_path_factory.mktemp("downloaded") / "data"
+    p = parse_params(small_raw(data))
+    for s in ("sample", "download"):
+        run_stage(s, p)
+    return data
+
+
+def copy_stages(template: Path, data: Path) -> None:
+    """The stages a session fixture's data dir `template` ran (`downloaded`, `extracted`), copied to `data`
+    for a test to go on from; copy2 keeps mtimes and sizes: the outputs stay as their stage recorded them."""
+    import shutil
+    shutil.copytree(template, data, ignore=shutil.ignore_patterns(
+        "filter", "dedup", "decontaminate", "tokenize", "train", "evaluate"))
+
+
+def copy_data(template: Path, root: Path) -> None:
+    """`copy_stages` to root/data, with root/params.yaml (small_raw) pointing at it."""
+    import yaml
+    copy_stages(template, root / "data")
+    (root / "params.yaml").write_text(yaml.safe_dump(small_raw(root / "data")))
+
+
 def free_port() -> int:  # a port no other test's bind(0) or connection is handed meanwhile
     from trainer.launch import free_port as below_the_ephemeral_range
 

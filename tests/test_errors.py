@@ -16,7 +16,7 @@ from tasks.__main__ import main
 from tasks.core.config import parse_params
 from tasks.core.runner import adopt_outputs
 from tasks.core.schema import write_docs
-from tests.conftest import BENCHMARKS, REPO, small_raw
+from tests.conftest import BENCHMARKS, REPO, copy_data, small_raw
 
 
 def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess:
@@ -103,19 +103,17 @@ def test_task_file_errors_are_one_line_exit_2(tmp_path):
     assert out.stderr.strip().splitlines()[-1].startswith("input file error: task 'lambada'")
 
 
-def _extract_ready(root: Path) -> None:
-    (root / "params.yaml").write_text(yaml.safe_dump(small_raw(root / "data")))
-    for stage in ("sample", "download"):
-        assert cli(root, stage).returncode == 0
 
 
 def _snapshot(folder: Path) -> dict:
     return {str(f.relative_to(folder)): f.read_bytes() for f in sorted(folder.rglob("*")) if f.is_file()}
 
 
-def test_unwritable_output_folder_is_one_line_and_outputs_stay(tmp_path):
-    _extract_ready(tmp_path)
+def test_unwritable_output_folder_is_one_line_and_outputs_stay(tmp_path, downloaded):
+    copy_data(downloaded, tmp_path)
     assert cli(tmp_path, "extract").returncode == 0
+    stats = json.loads((tmp_path / "data/extract/stats.json").read_text())  # (a run that succeeds records
+    assert 0 < stats["validation_seconds"] and stats["validation"]["success"] is True  # its validation's time)
     shards = tmp_path / "data/extract/shards"
     victim = sorted(shards.glob("CC-*.parquet"))[0]
     marker = tmp_path / "data/extract/completions" / f"{victim.stem}.json"
@@ -134,8 +132,8 @@ def test_unwritable_output_folder_is_one_line_and_outputs_stay(tmp_path):
     assert not (tmp_path / "data/extract/stats.json").exists()
 
 
-def test_full_disk_is_one_line_naming_the_path(tmp_path):
-    _extract_ready(tmp_path)
+def test_full_disk_is_one_line_naming_the_path(tmp_path, downloaded):
+    copy_data(downloaded, tmp_path)
     target = tmp_path / "data/extract"
     target.mkdir(parents=True)
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(target)],
@@ -212,10 +210,10 @@ def test_a_full_disk_that_names_no_file_names_the_data_folder_and_its_space(tmp_
     assert nospace.startswith(f"I/O error: No space left on device (ENOSPC) writing under {data} (0 B free there"), nospace
 
 
-def test_full_data_docs_is_one_line_naming_the_full_file_system(tmp_path, tiny_mount):
+def test_full_data_docs_is_one_line_naming_the_full_file_system(tmp_path, downloaded, tiny_mount):
     """Great Expectations writes Data Docs with no path in its error: the line names the data folder and
     the space of each file system under it, the full one among them; the stage's outputs stay."""
-    _extract_ready(tmp_path)
+    copy_data(downloaded, tmp_path)
     docs = tiny_mount(tmp_path / "data/docs")
     out = cli(tmp_path, "extract")
     assert out.returncode == 1
@@ -225,11 +223,11 @@ def test_full_data_docs_is_one_line_naming_the_full_file_system(tmp_path, tiny_m
     assert json.loads((tmp_path / "data/extract/stats.json").read_text())["validation"]["pending"] is True
 
 
-def test_a_data_docs_page_that_cannot_be_written_is_one_line_not_a_logged_traceback(tmp_path):
+def test_a_data_docs_page_that_cannot_be_written_is_one_line_not_a_logged_traceback(tmp_path, downloaded):
     """GX's site builder catches a failed page write, logs 15 lines to stderr and goes on with an
     incomplete report: the run stops with one line instead (here a file stands where a folder goes;
     a full disk inside a page write was the case found, test above)."""
-    _extract_ready(tmp_path)
+    copy_data(downloaded, tmp_path)
     site = tmp_path / "data/docs/extract"
     site.mkdir(parents=True)
     (site / "validations").write_text("not a folder")
@@ -284,10 +282,3 @@ def test_a_rank_line_keeps_its_kind_and_an_io_error_stays_a_training_error():
         error = from_line(line, " (stage 'train')")
         assert type(error) is TrainingError and not isinstance(error, DiskFull), line
         assert str(error) == line + " (stage 'train')"
-
-
-def test_stats_record_validation_seconds(tmp_path):
-    _extract_ready(tmp_path)
-    assert cli(tmp_path, "extract").returncode == 0
-    stats = json.loads((tmp_path / "data/extract/stats.json").read_text())
-    assert 0 < stats["validation_seconds"] and stats["validation"]["success"] is True

@@ -21,7 +21,7 @@ import numpy as np
 
 from tasks.core.passes import load_stored, run_global, savez, tree_files
 from tasks.core.runner import run_stage
-from tests.conftest import REPO, small_raw
+from tests.conftest import REPO, copy_data, copy_stages, small_raw
 
 
 def test_load_stored_maps_each_array_savez_wrote(tmp_path):
@@ -89,11 +89,10 @@ def content(stage_dir: Path) -> dict:
             if f.is_file() and "completions" not in f.parts and not f.name.endswith(("done.json", "stats.json", ".lock"))}
 
 
-def test_kill_9_during_the_index_pass_then_rerun_is_byte_identical(tmp_path):
-    raw = small_raw(tmp_path / "data")
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
-    p = parse_params(raw)
-    for stage in ("sample", "download", "extract", "filter", "dedup", "decontaminate"):
+def test_kill_9_during_the_index_pass_then_rerun_is_byte_identical(tmp_path, extracted):
+    copy_data(Path(extracted.paths.data_dir), tmp_path)
+    p = parse_params(small_raw(tmp_path / "data"))
+    for stage in ("filter", "dedup", "decontaminate"):
         run_stage(stage, p)  # in this process: the CLI runs are the killed ones and the last
     stage_dir = tmp_path / "data" / "decontaminate"
     reference = content(stage_dir)
@@ -120,9 +119,8 @@ def test_kill_9_during_the_index_pass_then_rerun_is_byte_identical(tmp_path):
     assert not list(stage_dir.glob(".tmp-*"))
 
 
-def test_resume_redoes_a_shard_whose_bytes_changed(small_params):
-    for s in ("sample", "download", "extract"):
-        run_stage(s, small_params)
+def test_resume_redoes_a_shard_whose_bytes_changed(small_params, extracted):
+    copy_stages(Path(extracted.paths.data_dir), Path(small_params.paths.data_dir))
     shard = sorted((Path(small_params.paths.data_dir) / "extract/shards").glob("CC-*.parquet"))[0]
     good = shard.read_bytes()
     bad = bytearray(good)
@@ -227,8 +225,9 @@ def test_a_stage_does_not_start_while_it_or_its_input_is_in_use(tmp_path):
         pass
 
 
-def test_stats_name_every_pass_in_order(small_params):
-    for s in ("sample", "download", "extract", "filter", "dedup", "decontaminate"):
+def test_stats_name_every_pass_in_order(small_params, extracted):
+    copy_stages(Path(extracted.paths.data_dir), Path(small_params.paths.data_dir))
+    for s in ("filter", "dedup", "decontaminate"):
         stats = run_stage(s, small_params)
     assert [p["name"] for p in stats["passes"]] == ["index", "count", "frequent", "remove"]
     assert [p["kind"] for p in stats["passes"]] == ["global", "sharded", "global", "sharded"]
