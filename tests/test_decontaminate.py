@@ -308,3 +308,36 @@ def test_wic_sentences_copied_as_running_text_are_found():
         hits = batch_hits(index, [around + copy + " " + around])[0]
         assert len(hits), copy
     assert not len(batch_hits(index, [around * 3])[0])
+
+
+def test_winogrande_and_hellaswag_items_copied_as_the_files_hold_them_are_found():
+    """A WinoGrande sentence copied as its file writes it (with the `_` blank, lm-eval's decontamination
+    query) or filled with the wrong option, and a HellaSwag context or wrong ending copied alone: only the
+    gold-filled sentence and context + gold ending were indexed (42% of raw WinoGrande copies survived)."""
+    from tasks.decontaminate.matching import batch_hits, batch_matches
+    from tasks.evalsets.loaders import load_tasks
+    from tests.conftest import BENCHMARKS
+    wg, hs = load_tasks(["winogrande", "hellaswag"], str(BENCHMARKS))
+    index = ni.NgramIndex.build([wg, hs], 13, 8)
+    around = "Farmers in the valley planted barley and oats after the rains and sold bread on Saturday. "
+    copies = []
+    for ex in wg.examples[:200]:
+        copies += [ex["sentence"], ex["sentence"].replace("_", ex["option2" if ex["label"] == 0 else "option1"], 1)]
+    wrong = [(ex["ctx"], e) for ex in hs.examples for i, e in enumerate(ex["endings"]) if i != ex["label"]]
+    for ctx, ending in [(c, e) for c, e in wrong if len(c.split()) >= 8 and len(e.split()) >= 8][:100]:
+        copies += [ctx, ending]  # (8 words: the shortest text matched whole)
+    hits = batch_matches(index, [around + copy + " " + around for copy in copies])
+    assert len(hits) == len(copies) == 600 and [copy for copy, h in zip(copies, hits) if not h] == []
+    assert not len(batch_hits(index, [around * 3])[0])
+
+
+def test_a_task_file_line_may_hold_the_characters_splitlines_breaks_at(tmp_path):
+    """JSON lets a string hold U+2028, U+2029 and U+0085 unescaped (json.dumps(ensure_ascii=False) writes
+    them so); str.splitlines() broke the record there: 'line 1: not valid JSON'."""
+    from tasks.evalsets.loaders import load_tasks
+    (tmp_path / "lambada").mkdir()
+    texts = [f"the keeper counted{c} every ship that passed the rocky cape in the long storms {k}"
+             for k, c in enumerate(("\u2028", "\u2029", "\x85", "\x1c"))]
+    (tmp_path / "lambada/lambada_test.jsonl").write_text(
+        "".join(json.dumps({"text": t}, ensure_ascii=False) + "\r\n" for t in texts), encoding="utf-8")
+    assert [ex["text"] for ex in load_tasks(["lambada"], str(tmp_path))[0].examples] == texts

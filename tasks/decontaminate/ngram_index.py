@@ -302,7 +302,7 @@ def _maybe_in(bitmap: np.ndarray, h: np.ndarray) -> np.ndarray:
 
 def _bitmap(hashes: np.ndarray) -> np.ndarray:
     """Bit array with >= 64 bits per entry (false-positive rate < 1.6%, so few lookups reach the
-    sorted array), at least 1 MiB; 16 MiB for the nine MT-NLG tasks."""
+    sorted array), at least 1 MiB; 32 MiB for the nine MT-NLG tasks."""
     bits = 1 << max(23, int(np.ceil(np.log2(max(1, len(hashes)) * 64))))
     bm = np.zeros(bits // 8, dtype=np.uint8)
     if len(hashes):

@@ -51,7 +51,8 @@ class TaskData:
         tasks/evalsets/prompts.py), the same example without the prompt's template words (its fields
         in prompt order with the gold answer: a passage copied across two fields, e.g. HANS premise +
         hypothesis or PiQA goal + solution, is found even when each field is short), and each field
-        alone (a field of 8-12 words copied by itself is still a whole-text match)."""
+        alone (a field of 8-12 words copied by itself is still a whole-text match; a list field, each of
+        its strings)."""
         from tasks.evalsets.prompts import render
         seen: set[str] = set()
 
@@ -66,8 +67,9 @@ class TaskData:
                     yield t
         for ex in self.examples:
             for f in self.decontam_fields:
-                if isinstance(ex.get(f), str):
-                    for t in (ex[f], _ptb_detokenized(ex[f])):
+                value = ex.get(f)
+                for text in [value] if isinstance(value, str) else value if isinstance(value, list) else []:
+                    for t in (text, _ptb_detokenized(text)) if isinstance(text, str) else ():
                         if new(t):
                             yield t
 
@@ -99,7 +101,10 @@ def _lines(task: str, path: Path) -> Iterator[tuple[int, str]]:
         text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as e:
         raise _err(task, path, f"not UTF-8 ({e.reason} at byte {e.start})") from None
-    for i, line in enumerate(text.splitlines(), 1):
+    # split at "\n" alone: splitlines() also breaks at U+2028, U+0085 and \x1c-\x1e, which JSON lets a
+    # string hold unescaped (json.dumps(ensure_ascii=False) writes them so), cutting a record in two
+    for i, line in enumerate(text.split("\n"), 1):
+        line = line.removesuffix("\r")
         if line.strip():
             yield i, line
 
@@ -250,7 +255,9 @@ def _load_hellaswag(root: Path, fewshot: bool) -> TaskData:
         ex.append({"ctx": r["ctx"], "ctx_a": r.get("ctx_a", r["ctx"]), "ctx_b": r.get("ctx_b", ""),
                    "activity_label": r.get("activity_label", ""), "endings": r["endings"],
                    "label": label, "gold_text": f"{r['ctx']} {r['endings'][label]}"})
-    return TaskData("hellaswag", ex, ("gold_text",))
+    # the context and every ending alone too (as PiQA's two solutions): a copied context of 8-12 words,
+    # or a wrong ending, was found only inside context + gold ending
+    return TaskData("hellaswag", ex, ("ctx", "gold_text", "endings"))
 
 
 def _load_winogrande(root: Path, fewshot: bool) -> TaskData:
@@ -261,13 +268,17 @@ def _load_winogrande(root: Path, fewshot: bool) -> TaskData:
     ex = []
     for r, y in zip(rows, labels):
         gold = r["option1"] if y == "1" else r["option2"]
+        other = r["option2"] if y == "1" else r["option1"]
         ex.append({"sentence": r["sentence"], "option1": r["option1"], "option2": r["option2"],
-                   "label": int(y) - 1, "filled": r["sentence"].replace("_", gold, 1)})
+                   "label": int(y) - 1, "filled": r["sentence"].replace("_", gold, 1),
+                   "other": r["sentence"].replace("_", other, 1)})
     fs = None
     if fewshot:
         # lm-eval's winogrande reads winogrande_xl: its train split (40,398) is the few-shot pool
         fs = _arrow_from_zip("winogrande", root / "winogrande/hf_cache_winogrande_xl.zip", "winogrande-train.arrow")
-    return TaskData("winogrande", ex, ("filled",), fs)
+    # the sentence as the file has it (with its blank: how a copy of the dataset reads) and filled with
+    # the other option too (lm-eval's decontamination query is the raw sentence): 42% of raw copies survived
+    return TaskData("winogrande", ex, ("filled", "sentence", "other"), fs)
 
 
 def _load_anli(root: Path, fewshot: bool) -> TaskData:
