@@ -230,15 +230,22 @@ def test_bad_inputs_name_the_cause(tmp_path):
         parse_params({"tokenize": {"blend": [{"dataset": "web", "weight": -1}]}})
 
 
-def test_a_dataset_of_empty_documents_is_left_out_or_named(tmp_path):
-    """A dataset whose documents are all empty holds their end-of-document tokens only: one token cannot fill a
-    sample, and the stage failed with `error: ValueError: a dataset with fewer than 2 tokens ...`, exit 1."""
+def test_empty_documents_are_left_out_and_a_blend_naming_only_them_is_one_line(tmp_path):
+    """A document that encodes to no token is left out, as Megatron's preprocess_data leaves it (it was a lone
+    end-of-document token after the one before: EOD EOD in the training data); a dataset of such documents
+    only is not there, and a blend naming it is refused in one line (it was a ValueError, exit 1)."""
     from tasks.core.config import ConfigError
     shards = corpus()
-    shards[0].append(doc(0, "tiny", ""))
-    stats, _ = run(tmp_path, shards=shards, blend=[])
-    assert "tiny" not in stats["blend"] and "tiny" in stats["left_out"]
-    with pytest.raises(ConfigError, match=r"tokenize.blend: dataset\(s\) too small to fill a sample: tiny \(1 token"):
+    shards[0].insert(5, doc(0, "tiny", ""))
+    shards[0].insert(9, doc(1, "web", ""))
+    stats, p = run(tmp_path, shards=shards, blend=[])
+    assert "tiny" not in stats["blend"] and stats["dropped"]["no_tokens"] == 2
+    manifest = read_manifest(Path(p.paths.data_dir) / "tokenize/datasets")
+    assert "tiny" not in manifest["datasets"] and manifest["datasets"]["web"]["documents"] == 60
+    eod = tokenizer.eod_id(tokenizer.load(Path(p.paths.data_dir) / "tokenize/tokenizer/tokenizer.json"))
+    web = indexed.IndexedDataset(Path(p.paths.data_dir) / "tokenize/datasets" / manifest["datasets"]["web"]["prefix"])
+    assert all(len(web[i]) > 1 and web[i][-1] == eod for i in range(len(web)))
+    with pytest.raises(ConfigError, match=r"tokenize.blend names dataset\(s\) the input does not have: tiny;"):
         run(tmp_path, shards=shards, blend=[{"dataset": "web", "weight": 1}, {"dataset": "tiny", "weight": 1}])
 
 

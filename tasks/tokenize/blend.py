@@ -43,14 +43,9 @@ def resolve_weights(p: PipelineParams, datasets: dict) -> tuple[list[str], np.nd
     if entries:
         where = f"tokenize.blend{' (profile mt-nlg)' if t.profile == 'mt-nlg' else ''}"
         missing = [name for name, _ in entries if name not in datasets or not datasets[name]["tokens"]]
-        if missing:
+        if missing:  # (a dataset whose documents are all empty is not there: they encode to no token)
             raise ConfigError(f"{where} names dataset(s) the input does not have: {', '.join(missing)}; "
                               f"datasets: {', '.join(sorted(datasets))}")
-        # fewer tokens than a sample needs failed as an unlabelled ValueError naming no dataset
-        tiny = [f"{name} ({datasets[name]['tokens']} token: only empty documents)" for name, w in entries
-                if w > 0 and datasets[name]["tokens"] < indices.MIN_TOKENS]
-        if tiny:
-            raise ConfigError(f"{where}: dataset(s) too small to fill a sample: {', '.join(tiny)}; give them weight 0")
         chosen = [(name, float(w)) for name, w in entries if w > 0]
         if not chosen:
             raise ConfigError("tokenize.blend: every weight is 0")

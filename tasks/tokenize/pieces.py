@@ -2,7 +2,8 @@
 
 tokens:   each input shard's documents encoded in batches (one encode_batch call each) into a Parquet
           piece of (dataset, tokens) rows in input order, every document ending in the end-of-document
-          token. Bounded memory: one batch at a time. Common Crawl documents are named by snapshot.
+          token; a document with no token is left out. Bounded memory: one batch at a time, encoded in
+          calls of up to tokenizer.ENCODE_CHARS characters. Common Crawl documents are named by snapshot.
 datasets: the pieces merged, in shard order, into one Megatron indexed dataset per `dataset` value,
           streaming (all writers open at once, each piece read once).
 """
@@ -65,13 +66,16 @@ def tokenize_shard(shard: Shard, tmp: Path, p: PipelineParams, ctx: Context) -> 
                                                                   columns=["text", "dataset", "crawl"]):
             stopping.check()  # an interrupted run stops this shard here
             texts = batch.column("text").to_pylist()
-            tokens, lengths = tokenizer.encode_documents(tok, texts)
+            tokens, lengths, kept = tokenizer.encode_documents(tok, texts)
             offsets = np.zeros(lengths.size + 1, dtype=np.int32)
             np.cumsum(lengths, out=offsets[1:])
             column = pa.ListArray.from_arrays(pa.array(offsets), pa.array(tokens, type=pa.int32()))
-            writer.write_table(pa.table({"dataset": blend_names(batch), "tokens": column}, schema=PIECE_SCHEMA))
+            names = blend_names(batch).filter(pa.array(kept))
+            writer.write_table(pa.table({"dataset": names, "tokens": column}, schema=PIECE_SCHEMA))
             st.docs_in += len(texts)
-            st.docs_out += len(texts)
+            st.docs_out += int(lengths.size)
+            if lengths.size < len(texts):
+                st.drop("no_tokens", len(texts) - int(lengths.size))
             st.bytes_in += int(pc.sum(pc.binary_length(batch.column("text"))).as_py() or 0)
             st.bytes_out += tokens.nbytes
             tokens_total += int(tokens.size)

@@ -84,18 +84,34 @@ def eod_id(tok: Tokenizer) -> int:
     return tok.token_to_id(EOD)
 
 
-def encode_documents(tok: Tokenizer, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """All documents' tokens back to back, each followed by the end-of-document token, as
-    (tokens int32, per-document lengths int64). One encode_batch call (parallel in Rust)."""
+# characters per encode_batch call: an Encoding holds ~100 bytes a token (strings, offsets, masks) until the
+# call returns, so 1,000 books (~130 M tokens) in one call took ~13 GB; each document is still encoded whole
+ENCODE_CHARS = 16 << 20
+
+
+def encode_documents(tok: Tokenizer, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The documents' tokens back to back, each followed by the end-of-document token, as (tokens int32,
+    per-document lengths int64, which texts they are: bool). A text that encodes to no token is left out,
+    as Megatron's preprocess_data leaves it (it would be a lone end-of-document token after another).
+    encode_batch calls (parallel in Rust) of up to ENCODE_CHARS characters."""
     eod = eod_id(tok)
     # "<|endoftext|>" written in a document is text, not a document boundary (as GPT-2's BPE reads it)
     tok.encode_special_tokens = True
-    encodings = tok.encode_batch(texts, add_special_tokens=False)
-    lengths = np.fromiter((len(e.ids) + 1 for e in encodings), dtype=np.int64, count=len(encodings))
+    ids: list[np.ndarray] = []
+    start = 0
+    while start < len(texts):
+        end, chars = start + 1, len(texts[start])
+        while end < len(texts) and chars + len(texts[end]) <= ENCODE_CHARS:
+            chars += len(texts[end])
+            end += 1
+        ids += [np.asarray(e.ids, dtype=np.int32) for e in tok.encode_batch(texts[start:end], add_special_tokens=False)]
+        start = end
+    kept = np.fromiter((a.size > 0 for a in ids), dtype=bool, count=len(ids))
+    ids = [a for a in ids if a.size]
+    lengths = np.fromiter((a.size + 1 for a in ids), dtype=np.int64, count=len(ids))
     tokens = np.empty(int(lengths.sum()), dtype=np.int32)
     ends = np.cumsum(lengths)
-    starts = ends - lengths
-    for e, s, end in zip(encodings, starts, ends):
-        tokens[s:end - 1] = e.ids
+    for a, end in zip(ids, ends):
+        tokens[end - 1 - a.size:end - 1] = a
     tokens[ends - 1] = eod
-    return tokens, lengths
+    return tokens, lengths, kept
