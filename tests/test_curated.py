@@ -20,7 +20,7 @@ from tasks.core.config import parse_params
 from tasks.core.errors import ConfigError, InputFileError
 from tasks.core.runner import run_stage
 from tasks.download.curated import CuratedFile, curated_shards, fixed_root, ingest_curated
-from tests.conftest import REPO, small_raw
+from tests.conftest import REPO, copy_stages, small_raw
 
 ROWS = [{"text": f"document {i} with some words é", "meta": {"pile_set_name": "Pile-CC" if i % 2 else "Books3"}}
         for i in range(5)]
@@ -341,3 +341,15 @@ def test_the_command_prints_the_warnings_once_on_stderr(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stderr.startswith("warning: download.curated: 1 documents have no dataset name"), out.stderr
     assert "warnings" not in json.loads(out.stdout)  # printed once, on stderr
+
+
+def test_a_download_setting_that_changes_no_file_redoes_no_shard(tmp_path, downloaded):
+    """Every download setting was in each shard's fingerprint: a longer timeout, another retry count or one
+    more curated file downloaded every WARC file again (at scale, 100 GB for a changed timeout)."""
+    copy_stages(downloaded, tmp_path / "data")
+    books = tmp_path / "books.jsonl"
+    books.write_text(json.dumps({"text": "a book about ships"}) + "\n")
+    for over, fetched in (({"timeout_s": 20, "retries": 4, "backoff_s": 0.02, "max_failed_fraction": 0.5}, 0),
+                          ({"curated": [{"path": str(books), "dataset": "books"}]}, 1)):
+        st = run_stage("download", parse_params(small_raw(tmp_path / "data", download=over)))
+        assert not st.get("up_to_date") and st["shards"] - st["resumed_shards"] == fetched, over

@@ -179,11 +179,18 @@ def test_failed_remote_files_are_skipped_listed_and_bounded(tmp_path):
     warcs = sorted((tmp_path / "data/sample/corpus").rglob("*.warc.gz"))
     warcs[1].unlink()  # 404
     warcs[2].write_bytes(warcs[2].read_bytes()[:-100])  # truncated on every retry
-    out = cli(tmp_path, "download")  # default bound 1%: 2 of 6 shards is too many
+    out = cli(tmp_path, "download")  # default bound 1%: 2 of 4 WARC files is too many
     assert out.returncode == 1
     line = out.stderr.strip().splitlines()
-    assert len(line) == 1 and line[0].startswith("stage failed: stage 'download': 2 of 6 shards failed (at most 1.0% may)")
+    assert len(line) == 1 and line[0].startswith("stage failed: stage 'download': 2 of 4 shards failed (at most 1.0% may)")
     assert "HTTP 404" in line[0] and "truncated or corrupt" in line[0]
+
+    # the bound is a fraction of the remote files: the 2 curated files of the sample, which are never
+    # gone, counted too (2 of 6 shards passed a bound of 40%)
+    raw["download"]["max_failed_fraction"] = 0.4
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    out = cli(tmp_path, "download")
+    assert out.returncode == 1 and "2 of 4 shards failed (at most 40.0% may)" in out.stderr, out.stderr
 
     raw["download"]["max_failed_fraction"] = 0.5
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))

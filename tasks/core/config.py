@@ -84,8 +84,8 @@ class DownloadParams(Strict):
     timeout_s: float = Field(60.0, gt=0, le=3600)
     max_failed_fraction: float = Field(
         0.01, ge=0, le=1,
-        description="Files that are gone or still broken after retries are skipped and listed in "
-                    "stats.json (failed_files); more than this fraction fails the stage.")
+        description="WARC files that are gone or still broken after retries are skipped and listed in "
+                    "stats.json (failed_files); more than this fraction of the listed WARC files fails the stage.")
     curated: list[CuratedSource] = Field(
         default_factory=list,
         description="Local curated datasets; in sample mode the sample's own are added.",

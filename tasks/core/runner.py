@@ -158,8 +158,9 @@ def _run_sharded(st: Stage, ps: ShardedPass, p: PipelineParams, ctx: Context, ma
     parts = map_shards(st.name, ps.name, p, shards, ctx)
     prune(layout, shards)
     failed = [x["failed"] for x in parts if x.get("failed")]
-    if failed and len(failed) > ps.max_failed(p) * len(shards):
-        raise StageFailed(f"stage '{st.name}': {len(failed)} of {len(shards)} shards failed (at most "
+    fallible = sum(map(ps.fallible, shards))
+    if failed and len(failed) > ps.max_failed(p) * fallible:
+        raise StageFailed(f"stage '{st.name}': {len(failed)} of {fallible} shards failed (at most "
                           f"{ps.max_failed(p):.1%} may): " + "; ".join(f"{f['shard']}: {f['reason']}" for f in failed[:3])
                           + (f"; and {len(failed) - 3} more" if len(failed) > 3 else ""))
     summary = {"kind": "sharded", "shards": len(shards), "resumed": sum(x.get("resumed", 0) for x in parts),

@@ -168,8 +168,11 @@ class ShardedPass:
     plan: Plan  # the shards to write (usually one per input shard)
     process: Process  # writes one shard's output to the temp path it is given
     params: PassParams  # what the outputs depend on, for the fingerprint
-    # The largest fraction of shards that may fail (raise ShardFailed) without failing the stage.
+    # The largest fraction of shards that may fail (raise ShardFailed) without failing the stage, of those
+    # `fallible` says can (download's remote files: its local curated files never count as gone, and with
+    # them in the total, 1 of 2 WARC files gone passed a bound of 30%).
     max_failed: Callable[[PipelineParams], float] = lambda p: 0.0
+    fallible: Callable[[Shard], bool] = lambda shard: True
 
 
 @dataclass(frozen=True)

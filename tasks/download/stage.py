@@ -26,11 +26,12 @@ from tasks.sample.server import StaticServer
 from tasks.sample.stage import STAGE as SAMPLE
 
 
-def stage_params(p: PipelineParams) -> dict:
-    d = p.download.model_dump(mode="json")
-    if p.download.source == "sample":
-        d["sample"] = p.sample.model_dump(mode="json")
-    return d
+def fetch_params(p: PipelineParams) -> dict:
+    """What one fetched or ingested file's bytes depend on besides the shard's own inputs and tag (the
+    listed path, and in sample mode the served file; a curated file, its dataset and text field): the
+    server. Retries, timeouts, how many files and which change no file's bytes: in the fingerprint, one
+    more file or a longer timeout downloaded every WARC again (the stage's key still holds the section)."""
+    return {"source": p.download.source, "base_url": p.download.base_url if p.download.source == "commoncrawl" else ""}
 
 
 def policy(p: PipelineParams) -> RetryPolicy:
@@ -122,8 +123,9 @@ STAGE = Stage(
     name="download", section="download",
     input=lambda p: SAMPLE.name if p.download.source == "sample" else None,
     doc="Download WARC files (Common Crawl or the served sample) and ingest curated datasets.",
-    passes=(ShardedPass("fetch", plan=plan, process=process, params=stage_params,
-                        max_failed=lambda p: p.download.max_failed_fraction),),
+    passes=(ShardedPass("fetch", plan=plan, process=process, params=fetch_params,
+                        max_failed=lambda p: p.download.max_failed_fraction,
+                        fallible=lambda shard: not shard.name.startswith("curated-")),),
     report=lambda stats: {"failed_files": [{"file": f["inputs"][0], "reason": f["reason"]}
                                            for f in stats.get("failed_shards", [])]},
     suite="tasks.validation.download",
