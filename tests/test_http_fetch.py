@@ -11,7 +11,7 @@ import pytest
 
 from tasks.download.http_fetch import (DownloadError, RetryPolicy, UnsafePathError, fetch, gzip_complete,
                               safe_filename, safe_url)
-from tasks.sample.server import StaticHandler, StaticServer
+from tasks.sample.server import StaticHandler, StaticServer, etag
 
 PAYLOAD = b"".join(gzip.compress(f"record {i} ".encode() * 2000, mtime=0) for i in range(20))
 # short backoffs; a time limit no response here comes near, however loaded the machine (the counts of
@@ -24,6 +24,12 @@ class FaultHandler(StaticHandler):
     log: list[dict] = []
     released = threading.Event()  # "slow" stalls until the test ends: longer than any client time limit
     stalled = threading.Event()  # "stall_mid" sent what it sends
+
+    requests: list = []  # every request's Range, answered by send_body or not (a 416)
+
+    def do_GET(self):
+        self.requests.append(self.headers.get("Range"))
+        super().do_GET()
 
     def send_body(self, data, start, status):
         fault = self.faults.pop(0) if self.faults else "ok"
@@ -60,6 +66,32 @@ class FaultHandler(StaticHandler):
             self.wfile.flush()
             self.stalled.set()
             self.released.wait(timeout=600)
+        elif fault in ("drop_unframed", "unframed"):  # no length, not chunked: the body ends as the connection closes
+            self.send_response(status)
+            self.send_header("Connection", "close")
+            if status == 206:
+                self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+            self.end_headers()
+            self.wfile.write(data[start:start + (len(data) - start) // (2 if fault == "drop_unframed" else 1)])
+            self.wfile.flush()
+            self.close_connection = True
+        elif fault == "drop_then_change":  # as "drop", and the file is another version by the next request
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data) - start))
+            self.send_header("ETag", etag(data))
+            self.end_headers()
+            self.wfile.write(data[start:start + (len(data) - start) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            path = self.resolve()
+            path.write_bytes(bytes(b ^ 0x5A for b in data))  # same size, other bytes
+        elif fault == "short_range" and status == 206:  # a range that ends before the file does
+            end = start + (len(data) - start) // 2
+            self.send_response(206)
+            self.send_header("Content-Length", str(end - start))
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
+            self.end_headers()
+            self.wfile.write(data[start:end])
         elif fault == "truncated":  # a complete HTTP transfer of an incomplete gzip
             super().send_body(data[: len(data) - 100], start, 200)
         elif fault == "ignore_range":
@@ -72,6 +104,7 @@ class FaultHandler(StaticHandler):
 def server(tmp_path):
     (tmp_path / "f.warc.gz").write_bytes(PAYLOAD)
     FaultHandler.faults, FaultHandler.log, FaultHandler.released = [], [], threading.Event()
+    FaultHandler.requests = []
     FaultHandler.stalled = threading.Event()
     with StaticServer(tmp_path, FaultHandler) as url:
         yield url
@@ -97,6 +130,39 @@ def test_dropped_connection_resumes_with_range(server, tmp_path):
     assert ranges[0] is None and ranges[1].startswith("bytes=") and ranges[2].startswith("bytes=")
     assert int(ranges[2][6:-1]) > int(ranges[1][6:-1]) > 0
     assert rep.range_resumes == 2
+
+
+PLAIN = b"WARC/1.0\r\n" + bytes(range(256)) * 400  # a .warc: no gzip check after the transfer to catch a bad one
+
+
+@pytest.mark.parametrize("faults", [["drop_unframed"], ["drop", "short_range"], ["drop_unframed", "short_range"]])
+def test_a_body_cut_or_a_range_short_of_the_end_is_resumed_not_taken_as_the_file(server, tmp_path, faults):
+    """A body with no Content-Length (HTTP/1.0 style: it ends where the connection closes) cut short, or a 206
+    whose Content-Range ends before the file does, was stored as the whole .warc: extract then read half the
+    records and a `truncated_record`. The end is asked for (a range from there: 416 `bytes */size`)."""
+    (tmp_path / "f.warc").write_bytes(PLAIN)
+    FaultHandler.faults = list(faults)
+    rep = fetch(f"{server}/f.warc", tmp_path / "out", FAST, verify_gzip=False)
+    assert (tmp_path / "out").read_bytes() == PLAIN and not rep.unverified_end
+
+
+def test_a_whole_body_without_a_length_is_checked_once_and_kept(server, tmp_path):
+    (tmp_path / "f.warc").write_bytes(PLAIN)
+    FaultHandler.faults = ["unframed"]
+    rep = fetch(f"{server}/f.warc", tmp_path / "out", FAST, verify_gzip=False)
+    assert (tmp_path / "out").read_bytes() == PLAIN and rep.attempts == 1 and not rep.unverified_end
+    assert FaultHandler.requests == [None, f"bytes={len(PLAIN)}-"]  # the end, asked for
+
+
+def test_a_file_changed_between_attempts_is_downloaded_whole_not_spliced(server, tmp_path):
+    """A resume sends If-Range with the file's ETag: a file replaced between attempts (same size, other
+    bytes) came back as its old first half and its new second half."""
+    (tmp_path / "f.warc").write_bytes(PLAIN)
+    FaultHandler.faults = ["drop_then_change"]
+    fetch(f"{server}/f.warc", tmp_path / "out", FAST, verify_gzip=False)
+    new = bytes(b ^ 0x5A for b in PLAIN)
+    assert (tmp_path / "f.warc").read_bytes() == new and (tmp_path / "out").read_bytes() == new
+    assert FaultHandler.log[1]["range"] is not None and FaultHandler.log[1]["status"] == 200
 
 
 def test_server_ignoring_range_restarts_cleanly(server, tmp_path):

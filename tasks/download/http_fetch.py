@@ -52,7 +52,9 @@ class FetchReport:
     attempts: int = 0
     range_resumes: int = 0
     restarts_truncated_gzip: int = 0
+    unverified_end: bool = False  # a body with no length from a server that answers no range: taken as whole
     errors: list[str] = field(default_factory=list)
+    validator: str | None = None  # the full body's strong ETag or Last-Modified: a resume's If-Range
 
 
 _BAD_CHARS = re.compile(r"[\x00-\x20\x7f\\?#%]")
@@ -126,22 +128,38 @@ def retry_after(headers) -> float | None:
     return min(max(0.0, (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds()), RETRY_AFTER_MAX_S)
 
 
+USER_AGENT = "mtnlg-repro/0.1"
+
+
+def _validator(headers) -> str | None:
+    """What an If-Range may name: a strong ETag, else Last-Modified (a weak ETag may not be used)."""
+    etag = (headers.get("ETag") or "").strip()
+    return etag if etag.startswith('"') else (headers.get("Last-Modified") or "").strip() or None
+
+
 def _stream(url: str, dest: Path, policy: RetryPolicy, rep: FetchReport) -> None:
     have = dest.stat().st_size if dest.exists() else 0
-    req = urllib.request.Request(url, headers={"User-Agent": "mtnlg-repro/0.1"})
+    req = urllib.request.Request(url, headers={"User-Agent": USER_AGENT})
     if have:
         req.add_header("Range", f"bytes={have}-")
+        if rep.validator:  # a file changed since its first bytes came is sent whole (200), not spliced
+            req.add_header("If-Range", rep.validator)
+    total = None
     with urllib.request.urlopen(req, timeout=policy.timeout_s) as resp:
         status = resp.status
         if status == 206:
-            m = re.match(r"bytes (\d+)-", resp.headers.get("Content-Range", ""))
+            m = re.match(r"bytes (\d+)-(\d+)/(\d+|\*)", resp.headers.get("Content-Range", ""))
             if not m or int(m.group(1)) != have:
                 raise DownloadError(f"{url}: server sent range {resp.headers.get('Content-Range')!r}")
+            total = None if m.group(3) == "*" else int(m.group(3))  # a range may end before the file does
             rep.range_resumes += 1
             mode = "ab"
         else:
-            have, mode = 0, "wb"  # server ignored the Range header: start over
+            have, mode = 0, "wb"  # server ignored the Range header, or the file changed: start over
+            rep.validator = _validator(resp.headers)
         expected = resp.headers.get("Content-Length")
+        # no length and not chunked: the body ends where the connection closes, cut short or not
+        unframed = expected is None and not resp.chunked
         got = 0
         # a stop while a read waits on a stalled server shuts the connection down: the read returns at once
         with open(dest, mode) as fh, stopping.on_stop(lambda: _shut_down(resp)):
@@ -153,6 +171,32 @@ def _stream(url: str, dest: Path, policy: RetryPolicy, rep: FetchReport) -> None
         stopping.check()  # the connection shut down by a stop: stopped, not a short read to retry
         if expected is not None and got != int(expected):
             raise http.client.IncompleteRead(b"", int(expected) - got)
+    if total is not None and have + got != total:  # the next attempt asks for the rest
+        raise http.client.IncompleteRead(b"", total - have - got)
+    if unframed:
+        ends = _ends_at(url, have + got, policy)
+        if ends is False:  # a cut transfer (a .warc has no gzip check after it): the next attempt resumes
+            raise http.client.IncompleteRead(b"", None)
+        rep.unverified_end = ends is None
+
+
+def _ends_at(url: str, size: int, policy: RetryPolicy) -> bool | None:
+    """Whether the file has no byte past `size`, asked as a range from there: a 416 (with `bytes */size`,
+    or no Content-Range) says so, a 206 says there is more; None where the server answers no range."""
+    req = urllib.request.Request(url, headers={"User-Agent": USER_AGENT, "Range": f"bytes={size}-"})
+    try:
+        with urllib.request.urlopen(req, timeout=policy.timeout_s) as resp:
+            return False if resp.status == 206 else None
+    except urllib.error.HTTPError as e:
+        if e.code != 416:
+            raise
+        return _range_end(e.headers) in (None, size)
+
+
+def _range_end(headers) -> int | None:
+    """The size a 416's Content-Range (`bytes */size`) gives; None without one."""
+    m = re.fullmatch(r"bytes \*/(\d+)", (headers.get("Content-Range") or "").strip()) if headers is not None else None
+    return int(m.group(1)) if m else None
 
 
 def _shut_down(resp) -> None:
@@ -178,8 +222,9 @@ def fetch(url: str, dest: Path, policy: RetryPolicy, verify_gzip: bool = True) -
             rep.bytes = dest.stat().st_size
             return rep
         except urllib.error.HTTPError as e:
-            if e.code == 416 and verify_gzip and dest.exists() and gzip_complete(dest):
-                rep.bytes = dest.stat().st_size  # we already had every byte
+            have = dest.stat().st_size if dest.exists() else -1
+            if e.code == 416 and have > 0 and (gzip_complete(dest) if verify_gzip else _range_end(e.headers) == have):
+                rep.bytes = have  # we already had every byte
                 return rep
             if e.code == 416:
                 dest.unlink(missing_ok=True)

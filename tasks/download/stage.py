@@ -106,7 +106,7 @@ def process(shard: Shard, tmp: Path, p: PipelineParams, ctx: Context) -> ShardSt
         raise ShardFailed(str(e)) from None
     st = ShardStats(docs_in=1, docs_out=1, bytes_in=rep.bytes, bytes_out=rep.bytes)
     st.extra = {"http_attempts": rep.attempts, "range_resumes": rep.range_resumes,
-                "truncated_gzip_restarts": rep.restarts_truncated_gzip}
+                "truncated_gzip_restarts": rep.restarts_truncated_gzip, "unverified_end": int(rep.unverified_end)}
     return st
 
 

@@ -1,4 +1,4 @@
-"""A small static HTTP server on 127.0.0.1 with Range support.
+"""A small static HTTP server on 127.0.0.1 with Range support (and ETag / If-Range, as S3 and CDNs answer).
 
 `make run` serves the sample crawl through it so the download stage exercises its real HTTP path;
 tests subclass the handler to inject faults. Only ever binds to loopback.
@@ -6,6 +6,7 @@ tests subclass the handler to inject faults. Only ever binds to loopback.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import sys
@@ -28,6 +29,10 @@ class LoopbackHTTPServer(ThreadingHTTPServer):
         if isinstance(sys.exc_info()[1], ConnectionError):  # BrokenPipe, ConnectionReset, ConnectionAborted
             return
         super().handle_error(request, client_address)
+
+
+def etag(data: bytes) -> str:
+    return '"' + hashlib.sha256(data).hexdigest()[:16] + '"'
 
 
 class StaticHandler(BaseHTTPRequestHandler):
@@ -53,6 +58,8 @@ class StaticHandler(BaseHTTPRequestHandler):
         data = path.read_bytes()
         start, status = 0, 200
         m = re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range", ""))
+        if self.headers.get("If-Range") not in (None, etag(data)):
+            m = None  # the file changed since the client's first bytes: the whole of it
         if m:
             start = int(m.group(1))
             if start >= len(data):
@@ -69,6 +76,7 @@ class StaticHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Length", str(len(data) - start))
         self.send_header("Accept-Ranges", "bytes")
+        self.send_header("ETag", etag(data))
         if status == 206:
             self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
         self.end_headers()
