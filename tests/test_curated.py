@@ -353,3 +353,22 @@ def test_a_download_setting_that_changes_no_file_redoes_no_shard(tmp_path, downl
                           ({"curated": [{"path": str(books), "dataset": "books"}]}, 1)):
         st = run_stage("download", parse_params(small_raw(tmp_path / "data", download=over)))
         assert not st.get("up_to_date") and st["shards"] - st["resumed_shards"] == fetched, over
+
+
+def test_text_that_is_bytes_or_never_a_string_and_a_long_zstd_window(tmp_path):
+    """A Parquet `text` column of type binary (Hive, Impala, old Spark) and JSON lines whose `text` is a list
+    of paragraphs were ingested as 0 documents of `missing_text`, exit 0; a `zstd --long=31` file (2 GiB
+    window: Pushshift dumps) was refused as not valid zstd."""
+    pq.write_table(pa.table({"text": pa.array([r["text"].encode() for r in ROWS], pa.binary())}), tmp_path / "b.parquet")
+    st, docs = ingest(tmp_path / "b.parquet", tmp_path, "hive")
+    assert [d["text"] for d in docs] == [r["text"] for r in ROWS] and not st.dropped
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"text": [r["text"], "more"]}) + "\n" for r in ROWS))
+    with pytest.raises(InputFileError, match=r"p.jsonl: no line's 'text' is text \(the first is a list\): set the "
+                                             r"entry's text_field"):
+        ingest(tmp_path / "p.jsonl", tmp_path)
+    # as `zstd --long=31` writes a stream whose size it does not know (a pipe): the frame asks for 2 GiB
+    long = zstandard.ZstdCompressor(compression_params=zstandard.ZstdCompressionParameters.from_level(
+        3, window_log=31, enable_ldm=True)).compressobj()
+    (tmp_path / "l.jsonl.zst").write_bytes(long.compress(JSONL) + long.flush())
+    st, docs = ingest(tmp_path / "l.jsonl.zst", tmp_path)
+    assert [d["text"] for d in docs] == [r["text"] for r in ROWS] and st.docs_out == 5

@@ -238,9 +238,10 @@ class Stage:
     # tokenizer, model or corpus, another stage's output): part of its key; a pass reading an undeclared one
     # is refused (tasks.core.uptodate.DeclaredInputs)
     other_inputs: Callable[[PipelineParams, Context], list[str]] = lambda p, ctx: []
-    # it reads its input over the network (download: the sample stands in for Common Crawl's servers,
-    # whose files may fail or change, which the stage itself handles), not from the input's files: the
-    # runner does not check them against the input stage's markers
+    # it reads its input over the network (download: the sample stands in for Common Crawl's servers),
+    # not from the input's files: the runner does not check them against the input stage's markers. A
+    # remote file that fails is the stage's to handle; one that changes after it was fetched is not seen
+    # (a crawl's published files never change; README: Download)
     input_is_remote: bool = False
 
     def __post_init__(self):

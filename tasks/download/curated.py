@@ -122,6 +122,9 @@ def _by_name(sources: list[CuratedFile], roots: dict[str, str]) -> dict[str, lis
     return named
 
 
+ZSTD_MAX_WINDOW = 1 << 31
+
+
 def _decompressed(path: Path, fh, fmt: str) -> Iterator[bytes]:
     """The file's bytes, decompressed; every member/frame must end where its stream says."""
     if not fmt.endswith((".gz", ".zst")):
@@ -129,7 +132,10 @@ def _decompressed(path: Path, fh, fmt: str) -> Iterator[bytes]:
         return
     gz = fmt.endswith(".gz")
     kind = "gzip" if gz else "zstd"
-    new = (lambda: zlib.decompressobj(31)) if gz else (lambda: zstandard.ZstdDecompressor().decompressobj())
+    # a window up to 2 GiB: `zstd --long=31` files (Pushshift dumps, Rust writers) were refused by the
+    # default 128 MiB limit as "Frame requires too much memory for decoding"; memory follows the frame's own window
+    new = (lambda: zlib.decompressobj(31)) if gz else \
+        (lambda: zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW).decompressobj())
     d, inside, read, padded = new(), False, 0, False
     while block := fh.read(_CHUNK):
         read += len(block)
@@ -220,12 +226,22 @@ def ingest_curated(path: Path, out: Path, tag: str) -> ShardStats:
     fmt = format_of(str(path))
     st = ShardStats()
     without_field, first_keys = 0, None  # objects that lack the key altogether: a wrong text_field
+    not_text, first_type = 0, None  # a key whose value is never text (a list of paragraphs): the wrong key too
     with DocWriter(out) as w:
         for i, row in _rows(path, fmt, st, field):
             text = row.get(field) if isinstance(row, dict) else None
             if isinstance(row, dict) and field not in row:
                 without_field += 1
                 first_keys = first_keys or list(row)
+            if isinstance(text, bytes):  # a Parquet binary column (Hive, Impala, old Spark: no UTF-8 annotation)
+                try:
+                    text = text.decode("utf-8")
+                except UnicodeDecodeError:
+                    text = text.decode("utf-8", "replace")
+                    st.extra["lines_not_utf8"] = st.extra.get("lines_not_utf8", 0) + 1
+            elif text is not None and not isinstance(text, str):
+                not_text += 1
+                first_type = first_type or type(text).__name__
             if not isinstance(text, str) or not text.strip():
                 st.drop("missing_text")
                 continue
@@ -254,5 +270,8 @@ def ingest_curated(path: Path, out: Path, tag: str) -> ShardStats:
     elif w.docs == 0 and without_field and without_field == st.docs_in - st.dropped.get("malformed_json", 0):
         raise InputFileError(f"{path}: no line has a {field!r} key (the first has {', '.join(map(repr, first_keys))}): "
                              f"set the entry's text_field")
+    elif w.docs == 0 and not_text and not_text + without_field == st.docs_in - st.dropped.get("malformed_json", 0):
+        raise InputFileError(f"{path}: no line's {field!r} is text (the first is a {first_type}): set the entry's "
+                             f"text_field to a key that holds the document's text")
     st.docs_out, st.bytes_out = w.docs, w.text_bytes
     return st
