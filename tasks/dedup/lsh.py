@@ -33,6 +33,20 @@ def optimal_bands(threshold: float, num_perm: int, fp_weight: float = 0.5, fn_we
     return opt
 
 
+def candidate_probability(similarity: float, bands: int, rows: int) -> float:
+    """The chance that a pair of this Jaccard similarity shares a band: 1 - (1 - s^rows)^bands."""
+    return 1.0 - (1.0 - similarity ** rows) ** bands
+
+
+def recall_bands(threshold: float, num_perm: int, recall: float = 0.99) -> tuple[int, int]:
+    """The (bands, rows) with the most rows (the fewest false candidates) that still find a pair at the
+    threshold with probability `recall`; (num_perm, 1) when none does."""
+    for r in range(num_perm, 0, -1):
+        if candidate_probability(threshold, num_perm // r, r) >= recall:
+            return num_perm // r, r
+    return num_perm, 1
+
+
 def band_keys(signatures: np.ndarray, bands: int, rows: int, first_band: int = 0) -> np.ndarray:
     """[documents, bands] uint64: a hash of each band's `rows` signature values (equal bands, equal
     keys; the band index, counted from `first_band`, is mixed in, so equal values in two bands give

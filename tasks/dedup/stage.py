@@ -42,9 +42,21 @@ def component_params(p: PipelineParams) -> dict:
     return {"verify": d.verify, "threshold": d.threshold, "max_centers": d.max_centers}
 
 
+LOW_RECALL = 0.95  # under this chance of finding a pair at the threshold, the stage says so
+
+
 def warnings(stats: dict, p: PipelineParams) -> list[str]:
-    return absent_datasets("dedup.priority", p.dedup.priority, stats.get("dedup", {}).get("datasets", {}),
-                           "it ranks nothing")
+    from tasks.dedup.lsh import candidate_probability, recall_bands
+    d = p.dedup
+    (bands, rows), said = d.lsh(), []
+    found = candidate_probability(d.threshold, bands, rows)
+    if found < LOW_RECALL:  # 20 x 6 suits 0.8: at threshold 0.5 it found 36% of the pairs at 0.52
+        b, r = recall_bands(d.threshold, d.num_perm)
+        said.append(f"dedup: {bands} bands x {rows} rows find a pair at the threshold {d.threshold} with probability "
+                     f"{found:.0%}: {1 - found:.0%} of such near-duplicates are never compared; bands: {b}, rows: {r} "
+                     f"find 99%")
+    return said + absent_datasets("dedup.priority", d.priority, stats.get("dedup", {}).get("datasets", {}),
+                                  "it ranks nothing")
 
 
 STAGE = Stage(
