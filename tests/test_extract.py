@@ -421,3 +421,36 @@ def test_record_header_reads_what_the_full_parse_reads():
     assert rec.type == "response" and rec.payload == b"abc"
     assert lazy == [rec.headers.get(n, "?") for n in names]
     assert lazy[3] == "2"  # the last of repeated names wins, as in the dict
+
+
+NEWS_PAGE = ("<html><head><title>t</title></head><body><nav><a href=/>Home</a> <a href=/news>News</a></nav><main><article>"
+           "<h1>The harbour reopens after the storm</h1><p>The harbour master said on Monday that the piers had been "
+           "repaired and that the ferries would run again from the first week of the month.</p>{}</article>"
+           "<section id=comments class=comments-area><h2>3 Responses</h2><ol class=comment-list><li class=comment>"
+           "<p>Buy cheap watches online says: best replica watches at our store</p></li></ol><div id=respond>"
+           "<h3>Leave a Reply</h3><p>Your email address will not be published. Required fields are marked *</p>"
+           "</div></section></main><footer>Copyright 2024</footer></body></html>")
+
+
+@pytest.mark.parametrize("html, text", [
+    ("<p>Tickets cost <span>€</span>25; pages <a>10</a>–<a>20</a>; 他说<b>好</b>。</p>",
+     "Tickets cost €25; pages 10–20; 他说好。"),  # resiliparse took a lone 3-byte character for an icon glyph
+    ("<p>Icons stay out: <i class=icon>\ue001</i>Home</p>", "Icons stay out: Home"),  # a private-use glyph is one
+    ("<p>The vote is scheduled for <time datetime=2024-05-06>May 6, 2024</time> at the town hall.</p>",
+     "The vote is scheduled for May 6, 2024 at the town hall."),
+    ("<p>Die Bundes&shy;regierung hat ent&shy;schieden.</p>", "Die Bundesregierung hat entschieden."),
+    ('<figure class="wp-block-table"><table><tr><td>Ferry</td><td>Departs</td></tr></table>'
+     '<figcaption>Summer timetable</figcaption></figure><p><img src=a.png alt="a photo of the pier"></p>',
+     "Ferry\t\tDeparts\nSummer timetable"),
+])
+def test_main_text_keeps_what_resiliparse_dropped_and_drops_comment_sections(html, text):
+    """Each case lost text a reader sees, or kept what is not the article: a lone €, – or 好 between tags,
+    <time> mid-sentence, everything in a <figure> (WordPress tables), soft hyphens inside words, and the
+    comment section with its spam and "Leave a Reply" form."""
+    from tasks.extract.html_text import main_text
+    out = main_text(NEWS_PAGE.format(html).encode(), "resiliparse")
+    paragraphs = out.split("\n\n")
+    assert paragraphs[:2] == ["The harbour reopens after the storm", "The harbour master said on Monday that the "
+                              "piers had been repaired and that the ferries would run again from the first week of "
+                              "the month."], out
+    assert "\n\n".join(paragraphs[2:]) == text, out

@@ -1,7 +1,8 @@
 """HTML bytes -> UTF-8 -> main text -> language: the pieces of extraction, split by where they run.
 
-`to_utf8` (and language ID, tasks.extract.langid) run in the stage's own process: they are
-linear-time C codecs and a fixed-length language model, so they need no time limit. `extract_main_text` is the only part that
+`to_utf8`, `for_extraction`, `finished` (and language ID, tasks.extract.langid) run in the stage's own
+process: they are linear-time C codecs, regular expressions without backtracking and a fixed-length
+language model, so they need no time limit. `extract_main_text` is the only part that
 can spin on a pathological page, so it alone runs in the sandbox child (tasks.extract.sandbox); keeping the
 child's work to exactly the extraction library's call keeps the critical path of a shard short
 while the parent reads the next WARC records on the other core.
@@ -95,17 +96,51 @@ def to_utf8(body: bytes, declared: str | None) -> tuple[bytes, bool]:
     return _decode(body, found, "replace"), True
 
 
+# resiliparse (2.0.1) drops a text node of one 3-byte UTF-8 character as an icon font's private-use glyph: its
+# check compares the bytes in the wrong order, so `<span>€</span>25` gave "25", `<a>10</a>–<a>20</a>` "1020",
+# `東京</a>、<a>大阪` "東京大阪". Such a character (not a private-use one: U+E000-U+F8FF) gets a WORD JOINER
+# after it, removed again from the text.
+_LONE_3_BYTES = re.compile(rb"(>[ \t\r\n]*(?:[\xe0-\xed][\x80-\xbf]|\xef[\xa4-\xbf])[\x80-\xbf])(?=[ \t\r\n]*<)")
+_JOINER = "\u2060"
+# resiliparse takes <time> for post metadata and drops it mid-sentence ("The vote is scheduled for at the town
+# hall"): its text stays, as plain text
+_TIME_TAG = re.compile(rb"</?time\b[^>]*>", re.I)
+# elements whose text is not the page's: with alt_texts=False resiliparse also skipped <figure>, and with it
+# every WordPress block table, pull quote and highlighted code block
+_NO_TEXT = ["img", "area", "svg", "object", "video", "audio", "embed"]
+
+
+def for_extraction(body: bytes, extractor: str) -> bytes:
+    """The UTF-8 page as the extraction library is given it (in the stage's own process, beside the child's
+    extraction): for resiliparse, lone 3-byte characters marked and <time> tags dropped (above)."""
+    if extractor == "trafilatura":
+        return body
+    body = _LONE_3_BYTES.sub(b"\\1\xe2\x81\xa0", body)
+    return _TIME_TAG.sub(b"", body) if b"<time" in body or b"<TIME" in body or b"<Time" in body else body
+
+
 def extract_main_text(item: tuple[bytes, str]) -> str:
-    """(UTF-8 HTML, extractor name) -> main text. The sandboxed step."""
+    """(UTF-8 HTML from for_extraction, extractor name) -> main text, without comment sections: the
+    sandboxed step, the library's call alone. `finished` completes the text."""
     body, extractor = item
     if extractor == "trafilatura":
         import trafilatura
 
-        text = trafilatura.extract(body.decode(UTF8), include_comments=False, include_tables=False) or ""
-    else:
-        from resiliparse.extract.html2text import extract_plain_text
-        from resiliparse.parse.html import HTMLTree
+        return trafilatura.extract(body.decode(UTF8), include_comments=False) or ""
+    from resiliparse.extract.html2text import extract_plain_text
+    from resiliparse.parse.html import HTMLTree
 
-        text = extract_plain_text(HTMLTree.parse_from_bytes(body, UTF8), main_content=True, alt_texts=False,
-                                  links=False, list_bullets=False)
-    return text.strip()
+    # comments=False: a WordPress post ended in its comments (spam among them) and "Leave a Reply"
+    return extract_plain_text(HTMLTree.parse_from_bytes(body, UTF8), main_content=True, alt_texts=True,
+                              skip_elements=_NO_TEXT, links=False, list_bullets=False, comments=False)
+
+
+def finished(text: str) -> str:
+    """The extracted text without the marks for_extraction added and soft hyphens (&shy; split
+    "Bundes\xadregierung" for search, filters and the tokenizer)."""
+    return text.replace(_JOINER, "").replace("\u00ad", "").strip()
+
+
+def main_text(body: bytes, extractor: str) -> str:
+    """UTF-8 HTML -> main text, all three steps in this process."""
+    return finished(extract_main_text((for_extraction(body, extractor), extractor)))

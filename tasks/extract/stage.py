@@ -16,7 +16,7 @@ from tasks.core.errors import InputFileError
 from tasks.core.passes import Shard, ShardStats
 from tasks.core.schema import DocWriter, iter_docs
 from tasks.core.stage import Context, ShardedPass, Stage, fixed, input_shard_files
-from tasks.extract.html_text import to_utf8
+from tasks.extract.html_text import finished, for_extraction, to_utf8
 from tasks.extract.http_body import decode_content, dechunk, gunzip_unlabelled, has_binary_signature, looks_binary
 from tasks.extract.langid import detect_lang
 from tasks.extract.sandbox import TIMED_OUT, worker_for
@@ -133,7 +133,7 @@ def _candidates(path: Path, p: PipelineParams, st: ShardStats, meta: list) -> It
                 st.drop("binary_body")
                 continue
             meta.append((i, rec.target_uri, repaired))
-            yield body, p.extract.extractor
+            yield for_extraction(body, p.extract.extractor), p.extract.extractor
     if st.docs_in == 0:
         _count(st, "empty_input")  # a WARC file with no record at all (e.g. an empty .warc.gz)
 
@@ -159,6 +159,7 @@ def _extract_warc(shard: Shard, tmp: Path, p: PipelineParams) -> ShardStats:
             if not ok:
                 st.drop("extract_timeout" if text is TIMED_OUT else "extract_error")
                 continue
+            text = finished(text)
             if len(text) < max(1, p.extract.min_text_chars):
                 st.drop("empty_text")
                 continue
