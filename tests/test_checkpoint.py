@@ -141,3 +141,31 @@ def test_export_of_what_is_not_a_checkpoint_is_one_line(tmp_path, capsys):
         assert main([str(folder), str(tmp_path / "out")]) == 2
         assert capsys.readouterr().err == f"input file error: {folder}: {line}\n"
     assert not (tmp_path / "out").exists()
+
+
+def test_latest_names_a_checkpoint_or_falls_back_to_the_newest_complete_one(tmp_path):
+    """An empty `latest` (a node crash before the pointer's bytes reached the disk) named the checkpoints
+    folder itself, and the train stage died on int('checkpoints')."""
+    from trainer.checkpoint import latest
+    for step in (4, 8):
+        (tmp_path / f"step-{step:08d}").mkdir()
+        (tmp_path / f"step-{step:08d}/meta.json").write_text("{}")
+    (tmp_path / "step-00000012.partial").mkdir()
+    for pointer, named in (("step-00000004", "step-00000004"), ("", "step-00000008"), ("..", "step-00000008"),
+                           ("step-00000099", "step-00000008"), ("\x00\x00", "step-00000008")):
+        (tmp_path / "latest").write_text(pointer)
+        assert latest(tmp_path) == tmp_path / named, pointer
+
+
+def test_export_into_the_current_folder_and_without_a_tokenizer(tmp_path, monkeypatch, capsys):
+    """`python -m trainer.export CKPT .` failed ('PosixPath('.') has an empty name'), and an export without
+    --tokenizer claimed token 0 as its end of text."""
+    from trainer.export import main
+    from tests.test_eval_history import make_run
+    ckpt = make_run(tmp_path / "run")[0] / "step-00000010"
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    assert main([str(ckpt), "."]) == 0, capsys.readouterr().err
+    config = json.loads((tmp_path / "here/config.json").read_text())
+    assert config["eos_token_id"] is None and config["bos_token_id"] is None
+    assert sorted(f.name for f in (tmp_path / "here").iterdir()) == ["config.json", "model.safetensors"]

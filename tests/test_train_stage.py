@@ -48,8 +48,19 @@ def test_train_stage_trains_checkpoints_exports_and_validates(blended, monkeypat
     with (model / "metrics.csv").open(newline="") as f:
         rows = list(csv.DictReader(f))
     assert [int(r["step"]) for r in rows] == list(range(1, stats["steps"] + 1))
-    assert {p.name for p in (model / "hf").iterdir()} == {"config.json", "model.safetensors", "tokenizer.json"}
+    assert {p.name for p in (model / "hf").iterdir()} == {"config.json", "model.safetensors", "tokenizer.json",
+                                                          "tokenizer_config.json", "generation_config.json"}
+    # sampling leaves out the rows that pad the vocabulary (300 ids, 1024 rows): ids the tokenizer has not
+    generation = json.loads((model / "hf/generation_config.json").read_text())
+    eos = json.loads((model / "hf/config.json").read_text())["eos_token_id"]
+    assert generation["suppress_tokens"] == list(range(300, 1024)) and generation["eos_token_id"] == eos
+    assert json.loads((model / "hf/tokenizer_config.json").read_text())["model_max_length"] == 16
     assert json.loads((model / "checkpoint/meta.json").read_text())["step"] == stats["steps"]
+    # the weights are as readable as the rest (safetensors wrote them 0600: another user read meta.json only)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {f.name: f.stat().st_mode & 0o777 for f in (model / "checkpoint").glob("*.safetensors")} == \
+        {f.name: 0o666 & ~umask for f in (model / "checkpoint").glob("*.safetensors")} != {}
     # the run's folder keeps its tokenizer: the scheduled evaluation scores its checkpoints with it, moved aside too
     tokenizer = (blended / "data/tokenize/tokenizer/tokenizer.json").read_bytes()
     assert (blended / "data/train/work/tokenizer.json").read_bytes() == tokenizer

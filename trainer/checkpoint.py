@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -149,11 +150,24 @@ def _durable(folder: Path) -> None:
     for f in folder.iterdir():
         with open(f, "rb") as fh:
             os.fsync(fh.fileno())
+    _durable_entry(folder)
+
+
+def _durable_entry(folder: Path) -> None:
+    """fsync a folder: the renames into it survive a node crash."""
     fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _as_written(path: Path) -> None:
+    """The mode any file written here gets (safetensors makes its file 0600: a worker or evaluation service
+    running as another user read meta.json but not the weights)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    path.chmod(0o666 & ~umask)
 
 
 def save(engine, directory: Path, step: int, state: dict, run: str = "") -> Path:
@@ -204,8 +218,10 @@ def _save(engine, directory: Path, final: Path, partial: Path, step: int, state:
                 tensors[f"{key}/{name}"] = whole.cpu().contiguous()
     if writer:
         save_file(tensors, str(partial / f"stage-{engine.coord.pipe}.safetensors"))
+        _as_written(partial / f"stage-{engine.coord.pipe}.safetensors")
     del tensors
     save_file(_rng_state(), str(partial / f"rng-{engine.rank}.safetensors"))
+    _as_written(partial / f"rng-{engine.rank}.safetensors")
     adam_step = _adam_step(engine)
     dist.barrier()
     if engine.rank == 0:
@@ -219,8 +235,12 @@ def _save(engine, directory: Path, final: Path, partial: Path, step: int, state:
         shutil.rmtree(final, ignore_errors=True)
         os.replace(partial, final)
         pointer = directory / f"{LATEST}.tmp"
-        pointer.write_text(final.name, encoding="utf-8")
+        with open(pointer, "w", encoding="utf-8") as fh:  # a node crash left an empty pointer otherwise
+            fh.write(final.name)
+            fh.flush()
+            os.fsync(fh.fileno())
         os.replace(pointer, directory / LATEST)
+        _durable_entry(directory)
     dist.barrier()
     return final
 
@@ -264,8 +284,11 @@ def latest(directory: Path) -> Path | None:
     pointer = Path(directory) / LATEST
     if not pointer.is_file():
         return None
-    named = Path(directory) / pointer.read_text(encoding="utf-8").strip()
-    if named.is_dir():
+    name = pointer.read_text(encoding="utf-8", errors="replace").strip()
+    named = Path(directory) / name
+    # only a checkpoint's own name: an empty pointer (a crash before its bytes reached the disk) named the
+    # checkpoints folder itself, and the stage died on int('checkpoints')
+    if re.fullmatch(r"step-\d+", name) and named.is_dir():  # (a damaged one too: read_meta names it)
         return named
     left = sorted(p for p in Path(directory).glob("step-*")
                   if p.is_dir() and not p.name.endswith(".partial") and (p / "meta.json").is_file())

@@ -1,5 +1,5 @@
-"""Export a checkpoint to Hugging Face format (GPT-2 architecture): config.json, model.safetensors and
-tokenizer.json, loadable by `transformers.GPT2LMHeadModel.from_pretrained` and so by
+"""Export a checkpoint to Hugging Face format (GPT-2 architecture): config.json, model.safetensors and,
+with the tokenizer, tokenizer.json, tokenizer_config.json and generation_config.json, loadable by `transformers.GPT2LMHeadModel.from_pretrained` and so by
 lm-evaluation-harness, vLLM and the rest. The checkpoint is layout-independent, so any one exports.
 
     python -m trainer.export <checkpoint folder> <out folder> [--tokenizer tokenizer.json]
@@ -24,13 +24,25 @@ from trainer.checkpoint import Tensors, read_meta
 from trainer.config import ModelParams
 
 
-def hf_config(p: ModelParams, eod: int = 0) -> dict:
+def hf_config(p: ModelParams, eod: int | None = None) -> dict:
     return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": p.vocab_size,
             "n_positions": p.seq_len, "n_embd": p.d_model, "n_layer": p.n_layer, "n_head": p.n_head,
             "n_inner": 4 * p.d_model, "activation_function": "gelu_new", "layer_norm_epsilon": p.layernorm_eps,
             "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "initializer_range": p.std,
             "scale_attn_weights": True, "tie_word_embeddings": True, "use_cache": True,
             "bos_token_id": eod, "eos_token_id": eod, "torch_dtype": "float32"}
+
+
+def hf_tokenizer_files(p: ModelParams, eod: int, ids: int) -> dict[str, dict]:
+    """generation_config.json and tokenizer_config.json for `ids` real token ids. The embedding keeps the
+    rows past them that pad the vocabulary for tensor parallelism (the logits stay the model's): sampling
+    suppresses them, as the project's generator and Megatron's sampler leave them out (transformers drew
+    19% of its tokens there, ids the tokenizer has not). model_max_length: a longer prompt was an IndexError."""
+    return {"generation_config.json": {"bos_token_id": eod, "eos_token_id": eod, "pad_token_id": eod,
+                                       "suppress_tokens": list(range(ids, p.vocab_size))},
+            "tokenizer_config.json": {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": p.seq_len,
+                                      "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
+                                      "unk_token": "<|endoftext|>"}}
 
 
 def _qkv_to_gpt2(t: torch.Tensor, p: ModelParams) -> torch.Tensor:
@@ -87,10 +99,13 @@ def export(checkpoint: Path, out: Path, tokenizer: Path | None = None) -> Path:
     p = ModelParams(**meta["model"])
     tensors = Tensors(checkpoint)
     state = gpt2_state(lambda name: tensors[f"param/{name}"], p)
-    eod = 0
+    out = Path(out).resolve()  # `.` has no name to put the temporary folder beside
+    eod, extra = None, {}  # without a tokenizer, no end-of-text id (0 stopped generation at the wrong token)
     if tokenizer is not None:  # GPT-2 style: <|endoftext|> is both BOS and EOS; a bad file fails before any write
         from tasks.tokenize import tokenizer as tokenizers
-        eod = tokenizers.eod_id(tokenizers.load(tokenizer))
+        tok = tokenizers.load(tokenizer)
+        eod = tokenizers.eod_id(tok)
+        extra = hf_tokenizer_files(p, eod, tokenizers.id_bound(tok))
     # written beside `out`, then moved in file by file: a failed export leaves no weights without a config
     out.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".tmp-{out.name}-{os.getpid()}")
@@ -100,6 +115,8 @@ def export(checkpoint: Path, out: Path, tokenizer: Path | None = None) -> Path:
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if tokenizer is not None:
             shutil.copyfile(tokenizer, tmp / "tokenizer.json")
+        for name, content in extra.items():
+            (tmp / name).write_text(json.dumps(content, indent=1), encoding="utf-8")
         (tmp / "config.json").write_text(json.dumps(hf_config(p, eod), indent=1), encoding="utf-8")
         umask = os.umask(0)
         os.umask(umask)
