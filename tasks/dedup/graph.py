@@ -97,6 +97,12 @@ def _jaccard(sets, off, a, b):  # pragma: no cover - compiled
     return inter / union if union > 0 else 1.0
 
 
+# Rejected pairs remembered (direct-mapped, 32 MiB): a pair that fails the check collides in many bands, and
+# each band checked it again (2.4 checks per distinct pair on templated pages, ~60% of the pass). Bounded, so
+# a 1M-member template bucket does not grow a set of its 256M rejections; a slot overwritten costs a re-check.
+REJECTED_BITS = 22
+
+
 @numba.njit(cache=True, nogil=True)
 def _link(n, members, starts, local, sets, off, threshold, max_centers, verify):  # pragma: no cover - compiled
     """Edges (u, v) that joined two components, and (pairs checked, pairs rejected). Each member of a
@@ -106,6 +112,7 @@ def _link(n, members, starts, local, sets, off, threshold, max_centers, verify):
     eu, ev = [0], [0]
     checked, rejected = 0, 0
     centres = np.empty(max_centers, dtype=np.int64)
+    seen = np.full(1 << REJECTED_BITS, -1, dtype=np.int64)
     for q in range(len(starts) - 1):
         nc = 0
         for s in range(starts[q], starts[q + 1]):
@@ -115,9 +122,15 @@ def _link(n, members, starts, local, sets, off, threshold, max_centers, verify):
                 if rc == rm:
                     continue  # joined already (through another member or band): nothing to check
                 if verify:
+                    a, b = local[m], local[centres[c]]
+                    key = min(a, b) * n + max(a, b)
+                    slot = (np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(64 - REJECTED_BITS)
+                    if seen[slot] == key:
+                        continue  # rejected in an earlier band: the same check fails again
                     checked += 1
-                    if _jaccard(sets, off, local[m], local[centres[c]]) < threshold:
+                    if _jaccard(sets, off, a, b) < threshold:
                         rejected += 1
+                        seen[slot] = key
                         continue
                 parent[max(rm, rc)] = min(rm, rc)
                 eu.append(m)
