@@ -128,6 +128,21 @@ def test_exemptions_are_per_dataset():
     assert got == [""]
 
 
+def test_the_rules_are_the_crawls_and_curated_datasets_pass_as_they_are():
+    """The web-page rules ran on every dataset: a Pile Github file, an ArXiv paper's LaTeX and a PubMed abstract
+    failed Gopher's alpha words, a book over 100,000 words its word count, a German Wikipedia page the language
+    rule (Gopher filtered MassiveWeb only; MT-NLG filtered the crawl). Empty and binary pages go whatever the dataset."""
+    github = "def mean(xs):\n    return sum(xs) / len(xs)\n\n" * 40
+    arxiv = "\\begin{equation} E = m c^2 \\end{equation} where $m$ is the mass \\cite{e05}. " * 30
+    book = " ".join([ARTICLE] * (110_000 // len(ARTICLE.split()) + 1))
+    docs = [{"text": github, "dataset": "Github"}, {"text": arxiv, "dataset": "ArXiv"}, {"text": book, "dataset": "Books3"},
+            {"text": ARTICLE, "dataset": "Wikipedia (de)", "lang": "de"}, {"text": " \n ", "dataset": "Books3"}]
+    got, _ = run(docs)
+    assert got == ["", "", "", "", "empty"]
+    got, _ = run(docs[:4], rules_datasets=["common-crawl", "Github", "ArXiv", "Books3", "Wikipedia (de)"])
+    assert all(got) and got[3] == "language", got  # (these repeat themselves too: the repetition rules come first)
+
+
 def test_bad_inputs_never_crash():
     rng = random.Random(2)
     one_line = " ".join(f"{rng.choice(TOPICS['history'].split())}{i}" for i in range(110_000))  # ~1.2 MB, no newline

@@ -120,7 +120,9 @@ def test_suite_fails_a_classifier_that_keeps_everything(extracted, tmp_path):
     p.filter.exempt["Stack Exchange"] = ["c4"]  # misspelt: said in stats.json's warnings
     stats = run_stage("filter", p)
     present = "not a dataset of the input (StackExchange, Wikipedia (en), common-crawl)"
-    assert stats["warnings"][:2] == [f"filter.exempt names 'Stack Exchange', {present}: no document skips a rule for it",
+    assert stats["warnings"][:3] == ["filter.exempt names 'Stack Exchange', which filter.rules_datasets does not: the "
+                                     "rules never apply to it",
+                                     f"filter.exempt names 'Stack Exchange', {present}: no document skips a rule for it",
                                  f"filter.classifier.positives names 'Books3', {present}: the classifier trains on "
                                  f"the others"]
     with pytest.raises(ExpectationFailed, match=r"kept_fraction_out_of_bounds': 1 in the whole output \(common-crawl "
@@ -183,7 +185,8 @@ def test_no_positives_or_negatives_is_a_clear_error(extracted, tmp_path):
     with pytest.raises(ConfigError, match="filter.classifier.negatives: none of 'Pile-CC' is a dataset"):
         run_stage("filter", params(extracted, data, negatives=["Pile-CC"]))
     raw = params(extracted, data).model_dump(mode="json")
-    raw["filter"]["language"]["keep"] = ["de"]  # the curated sets are English: the rules drop them all
+    raw["filter"]["language"]["keep"] = ["de"]  # the curated sets are English: the rules, run on them, drop them all
+    raw["filter"]["rules_datasets"] = ["common-crawl", "Wikipedia (en)", "StackExchange"]
     # the reasons are in the error: the stats.json of the rules pass's counts is gone with the failed run
     with pytest.raises(ConfigError, match=r"no positive documents: Wikipedia \(en\), StackExchange are all dropped by "
                                           r"the rules \(language: [\d,]+(, [\w.]+: [\d,]+)*\)$"):

@@ -126,12 +126,19 @@ class FilterParams(Strict):
     gopher_quality: GopherQuality = GopherQuality()
     gopher_repetition: GopherRepetition = GopherRepetition()
     c4: C4Lines = C4Lines()
+    # Web-page rules: Gopher applied them to MassiveWeb only, C4's are for web text, and MT-NLG filtered the
+    # crawl alone. Applied to the Pile they dropped every Github, ArXiv and PubMed document (alpha words) and
+    # every book over Gopher's 100,000 words (Books3, PG-19).
+    rules_datasets: list[str] = Field(
+        ["common-crawl"], description="Datasets the rules apply to (the crawl); the others pass as they are, but for "
+                                      "empty and binary pages.")
     exempt: dict[str, list[Literal["language", "gopher_repetition", "gopher_quality", "c4"]]] = Field(
-        {"StackExchange": ["c4", "gopher_quality"]},
-        description="Dataset -> rule groups it skips (curated code and Q&A fail C4's braces and Gopher's symbols).")
+        {}, description="Dataset -> rule groups it skips, of rules_datasets (a crawl of code pages fails C4's braces).")
     classifier: ClassifierParams = ClassifierParams()
     batch_docs: int = Field(1000, ge=1, le=100_000)
 
     def groups_for(self, dataset: str) -> tuple[str, ...]:
+        if dataset not in self.rules_datasets:
+            return ()
         skip = set(self.exempt.get(dataset, ()))
         return tuple(g for g in RULE_GROUPS if g not in skip)

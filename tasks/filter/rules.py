@@ -1,7 +1,7 @@
 """The heuristic rules, in datatrove / FineWeb's order: language, Gopher repetition, Gopher quality,
 then C4's line rules (the only rules that edit a page). Each document gets the first rule it fails,
-named `<group>.<rule>`; the groups a dataset skips are configured (FilterParams.exempt). Empty pages
-and pages of binary junk are dropped whatever the dataset."""
+named `<group>.<rule>`; they apply to the datasets of FilterParams.rules_datasets, but for the groups a
+dataset skips (FilterParams.exempt). Empty pages and pages of binary junk are dropped whatever the dataset."""
 from __future__ import annotations
 
 import numpy as np

@@ -16,7 +16,8 @@ RULES_VERSION = 3  # part of the rules pass's fingerprint: change it when a rule
 def rule_params(p: PipelineParams) -> dict:
     f = p.filter
     return {"version": RULES_VERSION, "stats": N_FIXED, "batch_docs": f.batch_docs,
-            **f.model_dump(mode="json", include={"language", "gopher_quality", "gopher_repetition", "c4", "exempt"})}
+            **f.model_dump(mode="json", include={"language", "gopher_quality", "gopher_repetition", "c4", "exempt",
+                                                 "rules_datasets"})}
 
 
 def classifier_params(p: PipelineParams) -> dict:
@@ -81,7 +82,11 @@ def classifier_warnings(stats: dict) -> list[str]:
 def warnings(stats: dict, p: PipelineParams) -> list[str]:
     present, c = stats.get("filter", {}).get("datasets", {}), p.filter.classifier
     trained = c.enabled and not c.model_path
-    return (absent_datasets("filter.exempt", p.filter.exempt, present, "no document skips a rule for it")
+    unruled = [f"filter.exempt names {n!r}, which filter.rules_datasets does not: the rules never apply to it"
+               for n in p.filter.exempt if n not in p.filter.rules_datasets]
+    return (unruled + absent_datasets("filter.rules_datasets", p.filter.rules_datasets, present,
+                                      "no document goes through the rules for it")
+            + absent_datasets("filter.exempt", p.filter.exempt, present, "no document skips a rule for it")
             + absent_datasets("filter.classifier.positives", c.positives if trained else [], present,
                               "the classifier trains on the others")
             + absent_datasets("filter.classifier.negatives", c.negatives if trained else [], present,
