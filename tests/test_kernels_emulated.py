@@ -522,6 +522,21 @@ def test_logits_that_overflowed_to_minus_inf_give_a_finite_loss(gpu, dtype, voca
     assert torch.isfinite(hf.grad).all() and loss.item() == pytest.approx(expected.item(), rel=1e-2)
 
 
+@pytest.mark.parametrize("dtype, vocab, nan", [(torch.float32, 1001, [300]), (torch.float32, 1024, [8, 9, 10, 11])])
+def test_a_nan_logit_gives_a_nan_loss_as_torch_gives(gpu, dtype, vocab, nan):
+    """A review: fmaxf drops NaN, so a thread whose first vector of logits was NaN skipped it as all -inf: the loss
+    was finite while every gradient of the row was NaN, and the trainer's finite-loss check applied them."""
+    from kernels.cross_entropy import FusedLinearCrossEntropy
+    torch.manual_seed(0)
+    h, w = torch.randn(4, 16).to(dtype), (torch.randn(vocab, 16) * 0.1).to(dtype)
+    w[nan, 0] = float("nan")
+    hf = h.clone().requires_grad_()
+    loss = FusedLinearCrossEntropy.apply(hf, w, torch.tensor([5, 7, 13, 15]), -100, "mean", 1024, None, 0, True)
+    assert any("xent_stats" in name for name, _, _ in gpu.launches)
+    loss.backward()
+    assert loss.isnan() and hf.grad.isnan().all()
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_cross_entropy_weight_gradient_keeps_its_precision_over_chunks(monkeypatch, dtype):
     with emulated(monkeypatch):  # the kernels are race-checked above

@@ -20,7 +20,13 @@ __global__ void xent_stats(const T* __restrict__ logits, const long long* __rest
 #pragma unroll
     for (int k = 1; k < VEC; ++k) vm = fmaxf(vm, a[k]);
     const float nm = fmaxf(m, vm);
-    if (nm == NEG_INF) continue;  // nothing above -inf yet (an fp16 logit overflowed): exp(-inf - -inf) is NaN
+    if (nm == NEG_INF) {  // nothing above -inf yet (an fp16 logit overflowed): exp(-inf - -inf) is NaN
+      // skipped, but a NaN in it is kept (fmaxf drops NaN: a row whose first vector was NaN gave a finite
+      // loss and NaN gradients, where torch's max, and so the loss, is NaN)
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) if (a[k] != a[k]) s = a[k];
+      continue;
+    }
     float acc = 0.f;
 #pragma unroll
     for (int k = 0; k < VEC; ++k) acc += __expf(a[k] - nm);
@@ -28,7 +34,7 @@ __global__ void xent_stats(const T* __restrict__ logits, const long long* __rest
     m = nm;
   }
   const float bm = block_max(m, scratch);
-  s = block_sum(m == NEG_INF ? 0.f : s * __expf(m - bm), scratch);
+  s = block_sum(m == NEG_INF ? (s != s ? s : 0.f) : s * __expf(m - bm), scratch);
   if (threadIdx.x == 0) {
     row_max[row] = bm;
     row_sumexp[row] = s;
