@@ -75,6 +75,18 @@ def test_priority_exact_first_aside_and_matrix(tmp_path):
     assert "Wiki/0" in kept and "CC/2" in kept
 
 
+def test_an_unlisted_curated_copy_is_kept_over_the_raw_crawls(tmp_path):
+    """Unlisted datasets tied and the input's order decided: crawl shards (CC-MAIN-...) sort before curated-...,
+    so the crawl's copy of an OpenWebText2 or Books3 document was kept (MT-NLG keeps the higher-quality one)."""
+    rng = random.Random(4)
+    text, other = prose(rng), prose(rng)
+    crawl = [doc(0, text, "common-crawl"), doc(1, other, "common-crawl")]
+    curated = [doc(0, edit(rng, text, 1), "OpenWebText2"), doc(1, other.upper(), "Books3")]
+    stats, kept, aside = run(tmp_path, [crawl, curated])
+    assert set(aside) == {"common-crawl/0", "common-crawl/1"}, set(aside)
+    assert {aside[i]["duplicate_of_dataset"] for i in aside} == {"OpenWebText2", "Books3"}
+
+
 def test_ties_keep_the_first_in_the_input_not_the_smallest_id_string(tmp_path):
     """Ids end in unpadded row numbers: by the smallest id, "CC/10" (a later copy) was kept over "CC/9"."""
     rng = random.Random(2)

@@ -18,7 +18,8 @@ class DedupParams(Strict):
         default_factory=list,
         description="Datasets, highest quality first: a group of duplicates keeps its member from the first "
                     "listed dataset (then the first in the input's order: shards by name, rows in order). Datasets not "
-                    "listed rank after all listed ones.")
+                    "listed rank after all listed ones, and the raw crawl (common-crawl) after those: a curated copy "
+                    "(OpenWebText2, Books3, Pile-CC) is kept over the crawl's.")
     exact: bool = Field(True, description="Remove exact duplicates of the normalised text before the fuzzy pass.")
     shingle: Literal["word", "char"] = Field("word", description="Shingles: word n-grams or character n-grams.")
     ngram: int = Field(5, ge=1, le=64, description="Shingle length in words (or characters).")

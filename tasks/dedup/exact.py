@@ -17,6 +17,9 @@ from tasks.dedup.signing import read, shard_datasets, signature_files
 KEPT, EXACT, FUZZY = 0, 1, 2  # why a document is removed (reason codes)
 
 
+RAW_CRAWL = "common-crawl"  # the extract stage's dataset of crawled pages
+
+
 def build_exact(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
     names: dict[str, int] = {}
     ids, dataset, keys, has, shards = [], [], [], [], {}
@@ -31,7 +34,10 @@ def build_exact(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
     ids_all = np.concatenate(ids) if ids else np.zeros(0, "S1")
     ds = np.concatenate(dataset) if dataset else np.zeros(0, np.int32)
     order = list(names)
-    rank_of = {n: (p.dedup.priority.index(n) if n in p.dedup.priority else len(p.dedup.priority)) for n in order}
+    # unlisted: a curated dataset before the raw crawl (CC-MAIN-... shards sort before curated-..., so input
+    # order kept the crawl's copy of an OpenWebText2 or Books3 document)
+    last = len(p.dedup.priority)
+    rank_of = {n: (p.dedup.priority.index(n) if n in p.dedup.priority else last + (n == RAW_CRAWL)) for n in order}
     rank = np.array([rank_of[n] for n in order], dtype=np.int32)[ds] if len(ds) else np.zeros(0, np.int32)
     has_words = np.concatenate(has) if has else np.zeros(0, bool)
     dup_of = np.full(len(ids_all), -1, dtype=np.int64)
