@@ -372,3 +372,44 @@ def test_text_that_is_bytes_or_never_a_string_and_a_long_zstd_window(tmp_path):
     (tmp_path / "l.jsonl.zst").write_bytes(long.compress(JSONL) + long.flush())
     st, docs = ingest(tmp_path / "l.jsonl.zst", tmp_path)
     assert [d["text"] for d in docs] == [r["text"] for r in ROWS] and st.docs_out == 5
+
+
+def test_two_snapshots_are_downloaded_and_each_document_keeps_its_own(tmp_path):
+    """MT-NLG blends CC-2020-50 and CC-2021-04: download.crawl_id took one snapshot, and extract stamped every
+    document with it, so the mt-nlg blend's CC-2021-04 could never be made. Each WARC's warcinfo (isPartOf, as
+    Common Crawl writes it) names its snapshot; n_files of each snapshot are fetched."""
+    import random
+
+    from tasks.sample.server import StaticServer
+    from tasks.sample.warc_writer import WarcBuilder, http_response
+    from tasks.tokenize.pieces import blend_names
+    crawls = ["CC-MAIN-2020-50", "CC-MAIN-2021-04"]
+    for k, crawl in enumerate(crawls):
+        folder = tmp_path / "www/crawl-data" / crawl
+        folder.mkdir(parents=True)
+        rels = []
+        for f in range(2):  # real names carry a timestamp, not the snapshot
+            name = f"CC-MAIN-2020112{k}153826-{f:05d}.warc.gz"
+            w = WarcBuilder(random.Random(f))
+            w.warcinfo(name, crawl)
+            w.page(f"https://a{k}.example/{f}", http_response(
+                b"<html><body><p>" + f"Snapshot {crawl} page {f} tells of the harbour and its ships. ".encode() * 20
+                + b"</p></body></html>"))
+            (folder / name).write_bytes(w.getvalue())
+            rels.append(f"crawl-data/{crawl}/segments/1/warc/{name}")
+            (folder / "segments/1/warc").mkdir(parents=True, exist_ok=True)
+            (folder / name).rename(folder / "segments/1/warc" / name)
+        (folder / "warc.paths.gz").write_bytes(gzip.compress("\n".join(rels).encode(), mtime=0))
+    with StaticServer(tmp_path / "www") as url:
+        p = parse_params(small_raw(tmp_path / "data", download={"source": "commoncrawl", "base_url": url, "n_files": 1,
+                                                                "selection": "first", "crawl_id": crawls, "retries": 1}))
+        assert run_stage("download", p)["shards"] == 2
+    run_stage("extract", p)
+    table = pa.concat_tables(pq.read_table(f) for f in sorted((tmp_path / "data/extract/shards").glob("*.parquet")))
+    assert sorted(zip(table.column("url").to_pylist(), table.column("crawl").to_pylist())) == [
+        ("https://a0.example/0", "CC-MAIN-2020-50"), ("https://a1.example/0", "CC-MAIN-2021-04")]
+    assert sorted(blend_names(table.combine_chunks().to_batches()[0]).to_pylist()) == ["CC-2020-50", "CC-2021-04"]
+    with pytest.raises(ConfigError, match="a snapshot is listed twice: CC-MAIN-2020-50"):
+        parse_params(small_raw(tmp_path / "data", download={"crawl_id": crawls + ["CC-MAIN-2020-50"]}))
+    with pytest.raises(ConfigError, match="CC-MAIN-YYYY-WW, got 'CC-2021-04'"):
+        parse_params(small_raw(tmp_path / "data", download={"crawl_id": ["CC-2021-04"]}))

@@ -7,6 +7,7 @@ Every model forbids unknown keys: a typo in params.yaml is an error, never a sil
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Literal
@@ -74,7 +75,9 @@ class DownloadParams(Strict):
         description="sample: serve data/sample/corpus on 127.0.0.1 and download it over real HTTP.",
     )
     base_url: str = Field("https://data.commoncrawl.org", pattern=r"^https?://[^\s]+$")
-    crawl_id: str = Field("CC-MAIN-2020-50", pattern=r"^CC-MAIN-\d{4}-\d{2}$")
+    crawl_id: str | list[str] = Field(
+        "CC-MAIN-2020-50", description="A Common Crawl snapshot, or a list of them (MT-NLG blends CC-MAIN-2020-50 and "
+                                       "CC-MAIN-2021-04): n_files of each.")
     n_files: int = Field(4, ge=1, le=100_000)
     selection: Literal["first", "random"] = "random"
     seed: int = Field(0, ge=0, lt=2**32)
@@ -90,6 +93,21 @@ class DownloadParams(Strict):
         default_factory=list,
         description="Local curated datasets; in sample mode the sample's own are added.",
     )
+
+
+    @field_validator("crawl_id")
+    @classmethod
+    def _crawls(cls, v):
+        ids = [v] if isinstance(v, str) else v
+        bad = [c for c in ids if not re.fullmatch(r"CC-MAIN-\d{4}-\d{2}", c)]
+        if not ids or bad:
+            raise ValueError(f"a Common Crawl snapshot is named CC-MAIN-YYYY-WW, got {bad[0] if bad else 'no snapshot'!r}")
+        if len(set(ids)) < len(ids):
+            raise ValueError(f"a snapshot is listed twice: {sorted(c for c in ids if ids.count(c) > 1)[0]}")
+        return v
+
+    def crawls(self) -> list[str]:
+        return [self.crawl_id] if isinstance(self.crawl_id, str) else list(self.crawl_id)
 
 
 class ExtractParams(Strict):

@@ -45,9 +45,9 @@ def environment(p: PipelineParams) -> Iterator[dict]:
     if p.download.source == "sample":
         root = SAMPLE.outputs(p.paths.data_dir)
         with StaticServer(root) as url:
-            yield {"base_url": url, "crawl_id": p.sample.crawl_id, "served_root": str(root)}
+            yield {"base_url": url, "crawl_ids": [p.sample.crawl_id], "served_root": str(root)}
     else:
-        yield {"base_url": p.download.base_url, "crawl_id": p.download.crawl_id}
+        yield {"base_url": p.download.base_url, "crawl_ids": p.download.crawls()}
 
 
 def select(paths: list[str], n: int, how: str, seed: int) -> list[str]:
@@ -57,10 +57,10 @@ def select(paths: list[str], n: int, how: str, seed: int) -> list[str]:
     return [paths[i] for i in keep]
 
 
-def plan(p: PipelineParams, ctx: Context) -> list[Shard]:
-    rt = ctx.env
-    listing = f"crawl-data/{rt['crawl_id']}/warc.paths.gz"
-    raw = fetch_bytes(safe_url(rt["base_url"], listing), policy(p), ctx.root / ".tmp-warc.paths.gz.part")
+def listed(p: PipelineParams, ctx: Context, crawl: str) -> list[str]:
+    """The WARC paths of one snapshot's `warc.paths.gz`."""
+    listing = f"crawl-data/{crawl}/warc.paths.gz"
+    raw = fetch_bytes(safe_url(ctx.env["base_url"], listing), policy(p), ctx.root / ".tmp-warc.paths.gz.part")
     try:
         paths = [ln.strip() for ln in gzip.decompress(raw).decode("utf-8").splitlines() if ln.strip()]
     except (OSError, EOFError, UnicodeDecodeError) as e:  # not gzip, cut short, not text
@@ -70,8 +70,13 @@ def plan(p: PipelineParams, ctx: Context) -> list[Shard]:
     refused = next(((x, why) for x in paths if (why := not_warc(x.rsplit("/", 1)[-1]))), None)
     if refused:  # named: the first path was another one, and a valid one
         raise InputFileError(f"{listing}: lists {refused[0].rsplit('/', 1)[-1]!r}: {refused[1]}")
+    return select(paths, p.download.n_files, p.download.selection, p.download.seed)
+
+
+def plan(p: PipelineParams, ctx: Context) -> list[Shard]:
+    rt = ctx.env
     shards, names = [], set()
-    for rel in select(paths, p.download.n_files, p.download.selection, p.download.seed):
+    for rel in [rel for crawl in rt["crawl_ids"] for rel in listed(p, ctx, crawl)]:  # n_files of each snapshot
         safe_url(rt["base_url"], rel)  # reject unsafe listings before any transfer starts
         name = safe_filename(rel)
         if name in names:

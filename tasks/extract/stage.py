@@ -8,6 +8,7 @@ linear-time and run here, overlapping the child's work on the previous pages.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Iterator
 
@@ -24,9 +25,14 @@ from tasks.extract.warc_reader import Record, iter_warc, not_warc, parse_http
 HTML_TYPES = ("text/html", "application/xhtml+xml")
 
 
-def crawl_id(p: PipelineParams) -> str:
-    """The snapshot the WARCs came from (real CC file names carry timestamps, not the crawl id)."""
-    return p.sample.crawl_id if p.download.source == "sample" else p.download.crawl_id
+def crawl_ids(p: PipelineParams) -> list[str]:
+    """The snapshots the WARCs came from (real CC file names carry timestamps, not the crawl id)."""
+    return [p.sample.crawl_id] if p.download.source == "sample" else p.download.crawls()
+
+
+# a WARC names its snapshot in its warcinfo record (Common Crawl's: `isPartOf: CC-MAIN-2020-50`): with two
+# snapshots downloaded, it says which of them each document came from
+_IS_PART_OF = re.compile(rb"(?mi)^isPartOf:[ \t]*(CC-MAIN-\d{4}-\d{2})[ \t]*\r?$")
 
 
 # part of the pass's fingerprint: change it when the same WARC can give other documents (2: a record's
@@ -37,7 +43,7 @@ LANGID_MODEL = "fasttext-lid.176.ftz"
 
 
 def stage_params(p: PipelineParams) -> dict:
-    return {**p.extract.model_dump(mode="json"), "crawl_id": crawl_id(p), "reader_version": READER_VERSION,
+    return {**p.extract.model_dump(mode="json"), "crawl_ids": crawl_ids(p), "reader_version": READER_VERSION,
             "langid_model": LANGID_MODEL}
 
 
@@ -110,13 +116,18 @@ def _html_body(rec: Record, p: PipelineParams, st: ShardStats) -> tuple[bytes, s
 
 
 def _candidates(path: Path, p: PipelineParams, st: ShardStats, meta: list) -> Iterator[tuple]:
-    """Filter WARC records down to HTML bodies worth extracting; count every drop."""
+    """Filter WARC records down to HTML bodies worth extracting; count every drop. `meta` gets each one's
+    (record index, URL, repaired, snapshot): the warcinfo's isPartOf, else the one snapshot downloaded."""
+    crawls = crawl_ids(p)
+    crawl = crawls[0] if len(crawls) == 1 else ""
     for i, rec in enumerate(iter_warc(path)):
         st.docs_in += 1
         if isinstance(rec, str):
             st.drop(rec)
             continue
         st.bytes_in += len(rec.payload)
+        if rec.type == "warcinfo" and (named := _IS_PART_OF.search(rec.payload)):
+            crawl = named.group(1).decode()
         if rec.repaired:
             _count(st, rec.repaired)
         reason = _skip_reason(rec)
@@ -132,7 +143,7 @@ def _candidates(path: Path, p: PipelineParams, st: ShardStats, meta: list) -> It
             if looks_binary(body):  # random or compressed bytes served as text/html
                 st.drop("binary_body")
                 continue
-            meta.append((i, rec.target_uri, repaired))
+            meta.append((i, rec.target_uri, repaired, crawl))
             yield for_extraction(body, p.extract.extractor), p.extract.extractor
     if st.docs_in == 0:
         _count(st, "empty_input")  # a WARC file with no record at all (e.g. an empty .warc.gz)
@@ -149,11 +160,11 @@ def _skip_reason(rec: Record) -> str | None:
 
 def _extract_warc(shard: Shard, tmp: Path, p: PipelineParams) -> ShardStats:
     st, meta = ShardStats(), []
-    path, crawl = Path(shard.inputs[0]), crawl_id(p)
+    path = Path(shard.inputs[0])
     worker = worker_for("tasks.extract.html_text:extract_main_text")
     with DocWriter(tmp) as w:
         for k, (ok, text) in enumerate(worker.map(_candidates(path, p, st, meta), p.extract.time_limit_s)):
-            rec_index, url, repaired = meta[k]
+            rec_index, url, repaired, crawl = meta[k]
             if repaired:
                 st.extra["encoding_repaired"] = st.extra.get("encoding_repaired", 0) + 1
             if not ok:
@@ -167,6 +178,8 @@ def _extract_warc(shard: Shard, tmp: Path, p: PipelineParams) -> ShardStats:
             _count(st, f"lang.{lang}")
             w.write({"id": f"common-crawl/{shard.name}/{rec_index}", "text": text, "dataset": "common-crawl",
                      "url": url, "crawl": crawl, "lang": lang, "lang_score": score})
+            if not crawl:  # several snapshots downloaded and a WARC without isPartOf: blended as common-crawl
+                st.extra["crawl_unnamed"] = st.extra.get("crawl_unnamed", 0) + 1
     st.docs_out, st.bytes_out = w.docs, w.text_bytes
     return st
 

@@ -142,7 +142,7 @@ def generate(p: SampleParams, out: Path, benchmarks_dir: str) -> dict:
         name = f"{p.crawl_id}-{SEGMENT.split('.')[0]}-{f:05d}.warc.gz"
         rel = f"crawl-data/{p.crawl_id}/segments/{SEGMENT}/warc/{name}"
         w = WarcBuilder(random.Random(f"{p.seed}-warc-{f}"))
-        w.warcinfo(name)
+        w.warcinfo(name, p.crawl_id)
         for i in range(p.pages_per_warc):
             host = f"site{rng.randint(1, 400)}.example.com"
             url = f"https://{host}/{f}/{i}/{rng.getrandbits(24):06x}.html"

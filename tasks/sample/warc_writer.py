@@ -53,8 +53,10 @@ class WarcBuilder:
         self.parts.append(gz(record_bytes(rtype, uri, payload, date=self.date, rng=self.rng,
                                           content_type=content_type, **kw)))
 
-    def warcinfo(self, filename: str) -> None:
+    def warcinfo(self, filename: str, crawl: str = "") -> None:
+        """As Common Crawl's: `isPartOf` names the snapshot (extract stamps each document's crawl with it)."""
         info = f"software: mtnlg-repro sample\r\nformat: WARC File Format 1.0\r\nfilename: {filename}\r\n"
+        info += f"isPartOf: {crawl}\r\n" if crawl else ""
         self.add("warcinfo", None, info.encode(), "application/warc-fields")
 
     def page(self, uri: str, response: bytes) -> None:
