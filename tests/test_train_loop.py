@@ -167,7 +167,8 @@ def test_export_to_hugging_face_gives_the_same_logits(uninterrupted, tmp_path):
         export(folder, tmp_path / "hf", tmp_path / "not-a-tokenizer.json")
     assert not any((tmp_path / "hf").glob("*")) and not list(tmp_path.glob(".tmp-*"))  # nothing half-written
     out = export(folder, tmp_path / "hf", tokenizer)
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "generation_config.json", "model.safetensors",
+                                                      "tokenizer.json", "tokenizer_config.json"]
     umask = os.umask(0)
     os.umask(umask)
     assert (out / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask  # as any file written here
