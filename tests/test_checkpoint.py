@@ -164,6 +164,7 @@ def test_export_into_the_current_folder_and_without_a_tokenizer(tmp_path, monkey
     from tests.test_eval_history import make_run
     ckpt = make_run(tmp_path / "run")[0] / "step-00000010"
     (tmp_path / "here").mkdir()
+    (tmp_path / "here/generation_config.json").write_text("{}")  # an earlier export's, with a tokenizer
     monkeypatch.chdir(tmp_path / "here")
     assert main([str(ckpt), "."]) == 0, capsys.readouterr().err
     config = json.loads((tmp_path / "here/config.json").read_text())

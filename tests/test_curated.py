@@ -401,10 +401,13 @@ def test_two_snapshots_are_downloaded_and_each_document_keeps_its_own(tmp_path):
             (folder / name).rename(folder / "segments/1/warc" / name)
         (folder / "warc.paths.gz").write_bytes(gzip.compress("\n".join(rels).encode(), mtime=0))
     with StaticServer(tmp_path / "www") as url:
-        p = parse_params(small_raw(tmp_path / "data", download={"source": "commoncrawl", "base_url": url, "n_files": 1,
-                                                                "selection": "first", "crawl_id": crawls, "retries": 1}))
-        assert run_stage("download", p)["shards"] == 2
-    run_stage("extract", p)
+        for given in (crawls[:1], crawls):  # the second snapshot added: the first's WARCs are not done again
+            p = parse_params(small_raw(tmp_path / "data", download={
+                "source": "commoncrawl", "base_url": url, "n_files": 1, "selection": "first", "crawl_id": given,
+                "retries": 1}))
+            fetched, extracted = run_stage("download", p), run_stage("extract", p)
+            assert fetched["shards"] == extracted["shards"] == len(given)
+            assert fetched["resumed_shards"] == extracted["resumed_shards"] == len(given) - 1
     table = pa.concat_tables(pq.read_table(f) for f in sorted((tmp_path / "data/extract/shards").glob("*.parquet")))
     assert sorted(zip(table.column("url").to_pylist(), table.column("crawl").to_pylist())) == [
         ("https://a0.example/0", "CC-MAIN-2020-50"), ("https://a1.example/0", "CC-MAIN-2021-04")]

@@ -110,7 +110,7 @@ def redone_passes(st: dict) -> list[str]:
     return [x["name"] for x in st["passes"] if x["resumed"] < (x["shards"] if x["kind"] == "sharded" else 1)]
 
 
-def test_inputs_count_by_the_content_their_pass_recorded_not_by_their_time(tmp_path, extracted):
+def test_inputs_count_by_the_content_their_pass_recorded_not_by_their_time(tmp_path, extracted, monkeypatch):
     """A `dvc checkout`, `dvc pull` or copy gives every file a new mtime: with inputs identified by size
     and mtime, every pass after the first redid everything (and rewrote its outputs, so the next did too)."""
     copy_stages(Path(extracted.paths.data_dir), tmp_path / "data")
@@ -129,6 +129,10 @@ def test_inputs_count_by_the_content_their_pass_recorded_not_by_their_time(tmp_p
     shutil.copytree(tmp_path / "data", tmp_path / "moved")
     for s in ("download", "extract", "filter", "dedup"):
         assert redone_passes(run_stage(s, moved, skip_up_to_date=False)) == [], s
+    # and given relative (params.yaml's `data_dir: data`), as a relative path names the same inputs
+    monkeypatch.chdir(tmp_path)
+    for s in ("download", "extract", "filter", "dedup"):
+        assert redone_passes(run_stage(s, parse_params(small_raw(Path("moved"))), skip_up_to_date=False)) == [], s
 
     # the same size, other bytes (a disk error, a hand edit) after extract wrote it: filter does not keep
     # what it made of the old bytes, and names the shard

@@ -120,6 +120,9 @@ def export(checkpoint: Path, out: Path, tokenizer: Path | None = None) -> Path:
         (tmp / "config.json").write_text(json.dumps(hf_config(p, eod), indent=1), encoding="utf-8")
         umask = os.umask(0)
         os.umask(umask)
+        written = {f.name for f in tmp.iterdir()}
+        for stale in ({"tokenizer.json", "tokenizer_config.json", "generation_config.json"} - written):
+            (out / stale).unlink(missing_ok=True)  # an earlier export's, with another end-of-text id
         for f in sorted(tmp.iterdir(), key=lambda f: f.name == "config.json"):  # the config last
             f.chmod(0o666 & ~umask)  # as any file written here (safetensors makes its file 0600)
             os.replace(f, out / f.name)

@@ -48,8 +48,8 @@ def input_names(paths, data_dir: str | Path) -> list[str]:
     another path holds the same inputs: named by absolute path, every finished shard was redone."""
     root = os.path.abspath(data_dir)
     names = []
-    for i in paths:
-        if "://" not in i and os.path.isabs(i):
+    for i in paths:  # a relative path too: params.yaml's data_dir is `data`, then given as an absolute one
+        if "://" not in i:
             rel = os.path.relpath(os.path.abspath(i), root)
             if rel != os.pardir and not rel.startswith(os.pardir + os.sep):
                 i = os.path.join("$data", rel)

@@ -12,7 +12,9 @@ Kept free of heavy imports (no pyarrow, pydantic, pandas) so a child starts in a
 from __future__ import annotations
 
 import codecs
+import html
 import re
+import unicodedata
 
 UTF8 = "utf-8"
 
@@ -98,16 +100,31 @@ def to_utf8(body: bytes, declared: str | None) -> tuple[bytes, bool]:
 
 # resiliparse (2.0.1) drops a text node of one 3-byte UTF-8 character as an icon font's private-use glyph: its
 # check compares the bytes in the wrong order, so `<span>€</span>25` gave "25", `<a>10</a>–<a>20</a>` "1020",
-# `東京</a>、<a>大阪` "東京大阪". Such a character (not a private-use one: U+E000-U+F8FF) gets a WORD JOINER
-# after it, removed again from the text.
-_LONE_3_BYTES = re.compile(rb"(>[ \t\r\n]*(?:[\xe0-\xed][\x80-\xbf]|\xef[\xa4-\xbf])[\x80-\xbf])(?=[ \t\r\n]*<)")
+# `東京</a>、<a>大阪` "東京大阪", and as entities (WooCommerce's `&euro;`, WordPress's `&#8211;`) the same. Such
+# a character, raw or an entity, gets a WORD JOINER after it, removed again from the text; not a private-use
+# one (U+E000-U+F8FF: the icons) nor an invisible one (a `<p>&#8203;</p>` spacer stays dropped: kept, it
+# made a clean page's paragraphs repeat for Gopher's rule).
+_LONE_CHARACTER = re.compile(rb">[ \t\r\n]*([\xe0-\xef][\x80-\xbf]{2}|&(?:#[0-9]{1,7}|#[xX][0-9a-fA-F]{1,6}|[A-Za-z][A-Za-z0-9]{1,31});)"
+                             rb"(?=[ \t\r\n]*<)")
 _JOINER = "\u2060"
+_INVISIBLE = {"Zs", "Zl", "Zp", "Cf", "Cc", "Cs", "Co", "Cn"}
+
+
+def _marked(m: re.Match) -> bytes:
+    token = m.group(1)
+    ch = html.unescape(token.decode("ascii")) if token[:1] == b"&" else token.decode(UTF8, "replace")
+    if len(ch) == 1 and 0x800 <= ord(ch) <= 0xFFFF and unicodedata.category(ch) not in _INVISIBLE:
+        return m.group(0) + _JOINER.encode(UTF8)
+    return m.group(0)
 # resiliparse takes <time> for post metadata and drops it mid-sentence ("The vote is scheduled for at the town
 # hall"): its text stays, as plain text
 _TIME_TAG = re.compile(rb"</?time\b[^>]*>", re.I)
 # elements whose text is not the page's: with alt_texts=False resiliparse also skipped <figure>, and with it
-# every WordPress block table, pull quote and highlighted code block
-_NO_TEXT = ["img", "area", "svg", "object", "video", "audio", "embed"]
+# every WordPress block table, pull quote and highlighted code block. Comment sections by their usual names
+# (WordPress, Disqus): resiliparse's comments=False drops any element with a `comment` class token, and so a
+# whole post filed under "Comment" (`category-comment`) or a `content-with-comments` wrapper
+_NO_TEXT = ["img", "area", "svg", "object", "video", "audio", "embed",
+            "#comments", ".comments-area", "#respond", ".comment-list", ".commentlist", "#disqus_thread"]
 
 
 def for_extraction(body: bytes, extractor: str) -> bytes:
@@ -115,7 +132,7 @@ def for_extraction(body: bytes, extractor: str) -> bytes:
     extraction): for resiliparse, lone 3-byte characters marked and <time> tags dropped (above)."""
     if extractor == "trafilatura":
         return body
-    body = _LONE_3_BYTES.sub(b"\\1\xe2\x81\xa0", body)
+    body = _LONE_CHARACTER.sub(_marked, body)
     return _TIME_TAG.sub(b"", body) if b"<time" in body or b"<TIME" in body or b"<Time" in body else body
 
 
@@ -130,9 +147,10 @@ def extract_main_text(item: tuple[bytes, str]) -> str:
     from resiliparse.extract.html2text import extract_plain_text
     from resiliparse.parse.html import HTMLTree
 
-    # comments=False: a WordPress post ended in its comments (spam among them) and "Leave a Reply"
+    # the comment sections skipped (_NO_TEXT): a WordPress post ended in its comments (spam among them) and
+    # "Leave a Reply"
     return extract_plain_text(HTMLTree.parse_from_bytes(body, UTF8), main_content=True, alt_texts=True,
-                              skip_elements=_NO_TEXT, links=False, list_bullets=False, comments=False)
+                              skip_elements=_NO_TEXT, links=False, list_bullets=False)
 
 
 def finished(text: str) -> str:

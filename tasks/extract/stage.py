@@ -43,8 +43,24 @@ LANGID_MODEL = "fasttext-lid.176.ftz"
 
 
 def stage_params(p: PipelineParams) -> dict:
-    return {**p.extract.model_dump(mode="json"), "crawl_ids": crawl_ids(p), "reader_version": READER_VERSION,
-            "langid_model": LANGID_MODEL}
+    return {**p.extract.model_dump(mode="json"), "reader_version": READER_VERSION, "langid_model": LANGID_MODEL}
+
+
+def named_snapshot(path: Path) -> str | None:
+    """The snapshot a WARC's first record, its warcinfo, names (isPartOf); None if it names none."""
+    for rec in iter_warc(path):
+        if isinstance(rec, Record) and rec.type == "warcinfo" and (named := _IS_PART_OF.search(rec.payload)):
+            return named.group(1).decode()
+        return None
+    return None
+
+
+def snapshot_of(path: Path, p: PipelineParams) -> str:
+    """A WARC's snapshot: the one its warcinfo names, else the one snapshot downloaded, else "" (several). A
+    shard's tag, so its fingerprint holds its own snapshot alone: with the list in the pass's parameters, a
+    second snapshot added re-extracted every WARC of the first."""
+    crawls = crawl_ids(p)
+    return named_snapshot(path) or (crawls[0] if len(crawls) == 1 else "")
 
 
 def plan(p: PipelineParams, ctx: Context) -> list[Shard]:
@@ -57,7 +73,7 @@ def plan(p: PipelineParams, ctx: Context) -> list[Shard]:
             shards.append(Shard(name=f.stem, inputs=(str(f),), output=f.name))
         else:
             stem = f.name.removesuffix(".gz").removesuffix(".warc")
-            shards.append(Shard(name=stem, inputs=(str(f),), output=f"{stem}.parquet"))
+            shards.append(Shard(name=stem, inputs=(str(f),), output=f"{stem}.parquet", tag=snapshot_of(f, p)))
     return shards
 
 
@@ -115,11 +131,9 @@ def _html_body(rec: Record, p: PipelineParams, st: ShardStats) -> tuple[bytes, s
     return None
 
 
-def _candidates(path: Path, p: PipelineParams, st: ShardStats, meta: list) -> Iterator[tuple]:
+def _candidates(path: Path, p: PipelineParams, st: ShardStats, meta: list, crawl: str) -> Iterator[tuple]:
     """Filter WARC records down to HTML bodies worth extracting; count every drop. `meta` gets each one's
-    (record index, URL, repaired, snapshot): the warcinfo's isPartOf, else the one snapshot downloaded."""
-    crawls = crawl_ids(p)
-    crawl = crawls[0] if len(crawls) == 1 else ""
+    (record index, URL, repaired, snapshot): `crawl` (snapshot_of), or what a later warcinfo names."""
     for i, rec in enumerate(iter_warc(path)):
         st.docs_in += 1
         if isinstance(rec, str):
@@ -161,9 +175,10 @@ def _skip_reason(rec: Record) -> str | None:
 def _extract_warc(shard: Shard, tmp: Path, p: PipelineParams) -> ShardStats:
     st, meta = ShardStats(), []
     path = Path(shard.inputs[0])
+    crawl = shard.tag or snapshot_of(path, p)  # (a shard planned elsewhere, without the tag)
     worker = worker_for("tasks.extract.html_text:extract_main_text")
     with DocWriter(tmp) as w:
-        for k, (ok, text) in enumerate(worker.map(_candidates(path, p, st, meta), p.extract.time_limit_s)):
+        for k, (ok, text) in enumerate(worker.map(_candidates(path, p, st, meta, crawl), p.extract.time_limit_s)):
             rec_index, url, repaired, crawl = meta[k]
             if repaired:
                 st.extra["encoding_repaired"] = st.extra.get("encoding_repaired", 0) + 1
