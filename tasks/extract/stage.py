@@ -17,7 +17,7 @@ from tasks.core.errors import InputFileError
 from tasks.core.passes import Shard, ShardStats
 from tasks.core.schema import DocWriter, iter_docs
 from tasks.core.stage import Context, ShardedPass, Stage, fixed, input_shard_files
-from tasks.extract.html_text import finished, for_extraction, to_utf8
+from tasks.extract.html_text import finished, to_utf8
 from tasks.extract.http_body import decode_content, dechunk, gunzip_unlabelled, has_binary_signature, looks_binary
 from tasks.extract.langid import detect_lang
 from tasks.extract.sandbox import TIMED_OUT, worker_for
@@ -158,7 +158,7 @@ def _candidates(path: Path, p: PipelineParams, st: ShardStats, meta: list, crawl
                 st.drop("binary_body")
                 continue
             meta.append((i, rec.target_uri, repaired, crawl))
-            yield for_extraction(body, p.extract.extractor), p.extract.extractor
+            yield body, p.extract.extractor
     if st.docs_in == 0:
         _count(st, "empty_input")  # a WARC file with no record at all (e.g. an empty .warc.gz)
 
