@@ -200,6 +200,11 @@ class PipelineParams(Strict):
     train: TrainStageParams = TrainStageParams()
     evaluate: EvaluateParams = EvaluateParams()
 
+    def crawl_ids(self) -> list[str]:
+        """The Common Crawl snapshots the WARCs come from: the sample's, or download's (real CC file names
+        carry timestamps, not the snapshot)."""
+        return [self.sample.crawl_id] if self.download.source == "sample" else self.download.crawls()
+
     @field_validator("runner")
     @classmethod
     def _dask_needs_no_address_unless_dask(cls, v: RunnerParams) -> RunnerParams:

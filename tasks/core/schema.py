@@ -20,6 +20,8 @@ import pyarrow.parquet as pq
 
 from tasks.core import stopping
 
+CRAWL_DATASET = "common-crawl"  # the dataset of every page extract takes from the crawl's WARC files
+
 DOC_SCHEMA = pa.schema(
     [
         ("id", pa.string()),

@@ -12,12 +12,10 @@ from tasks.core.config import PipelineParams
 from tasks.core.stage import Context
 from tasks.dedup.components import representatives
 from tasks.core.passes import load_stored, savez
+from tasks.core.schema import CRAWL_DATASET
 from tasks.dedup.signing import read, shard_datasets, signature_files
 
 KEPT, EXACT, FUZZY = 0, 1, 2  # why a document is removed (reason codes)
-
-
-RAW_CRAWL = "common-crawl"  # the extract stage's dataset of crawled pages
 
 
 def build_exact(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
@@ -37,7 +35,7 @@ def build_exact(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
     # unlisted: a curated dataset before the raw crawl (CC-MAIN-... shards sort before curated-..., so input
     # order kept the crawl's copy of an OpenWebText2 or Books3 document)
     last = len(p.dedup.priority)
-    rank_of = {n: (p.dedup.priority.index(n) if n in p.dedup.priority else last + (n == RAW_CRAWL)) for n in order}
+    rank_of = {n: (p.dedup.priority.index(n) if n in p.dedup.priority else last + (n == CRAWL_DATASET)) for n in order}
     rank = np.array([rank_of[n] for n in order], dtype=np.int32)[ds] if len(ds) else np.zeros(0, np.int32)
     has_words = np.concatenate(has) if has else np.zeros(0, bool)
     dup_of = np.full(len(ids_all), -1, dtype=np.int64)

@@ -45,9 +45,9 @@ def environment(p: PipelineParams) -> Iterator[dict]:
     if p.download.source == "sample":
         root = SAMPLE.outputs(p.paths.data_dir)
         with StaticServer(root) as url:
-            yield {"base_url": url, "crawl_ids": [p.sample.crawl_id], "served_root": str(root)}
+            yield {"base_url": url, "served_root": str(root)}
     else:
-        yield {"base_url": p.download.base_url, "crawl_ids": p.download.crawls()}
+        yield {"base_url": p.download.base_url}
 
 
 def select(paths: list[str], n: int, how: str, seed: int) -> list[str]:
@@ -76,7 +76,7 @@ def listed(p: PipelineParams, ctx: Context, crawl: str) -> list[str]:
 def plan(p: PipelineParams, ctx: Context) -> list[Shard]:
     rt = ctx.env
     shards, names = [], set()
-    for rel in [rel for crawl in rt["crawl_ids"] for rel in listed(p, ctx, crawl)]:  # n_files of each snapshot
+    for rel in [rel for crawl in p.crawl_ids() for rel in listed(p, ctx, crawl)]:  # n_files of each snapshot
         safe_url(rt["base_url"], rel)  # reject unsafe listings before any transfer starts
         name = safe_filename(rel)
         if name in names:

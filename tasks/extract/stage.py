@@ -15,7 +15,7 @@ from typing import Iterator
 from tasks.core.config import PipelineParams
 from tasks.core.errors import InputFileError
 from tasks.core.passes import Shard, ShardStats
-from tasks.core.schema import DocWriter, iter_docs
+from tasks.core.schema import CRAWL_DATASET, DocWriter, iter_docs
 from tasks.core.stage import Context, ShardedPass, Stage, fixed, input_shard_files
 from tasks.extract.html_text import finished, to_utf8
 from tasks.extract.http_body import decode_content, dechunk, gunzip_unlabelled, has_binary_signature, looks_binary
@@ -23,11 +23,6 @@ from tasks.extract.langid import detect_lang
 from tasks.extract.sandbox import TIMED_OUT, worker_for
 from tasks.extract.warc_reader import Record, iter_warc, not_warc, parse_http
 HTML_TYPES = ("text/html", "application/xhtml+xml")
-
-
-def crawl_ids(p: PipelineParams) -> list[str]:
-    """The snapshots the WARCs came from (real CC file names carry timestamps, not the crawl id)."""
-    return [p.sample.crawl_id] if p.download.source == "sample" else p.download.crawls()
 
 
 # a WARC names its snapshot in its warcinfo record (Common Crawl's: `isPartOf: CC-MAIN-2020-50`): with two
@@ -59,7 +54,7 @@ def snapshot_of(path: Path, p: PipelineParams) -> str:
     """A WARC's snapshot: the one its warcinfo names, else the one snapshot downloaded, else "" (several). A
     shard's tag, so its fingerprint holds its own snapshot alone: with the list in the pass's parameters, a
     second snapshot added re-extracted every WARC of the first."""
-    crawls = crawl_ids(p)
+    crawls = p.crawl_ids()
     return named_snapshot(path) or (crawls[0] if len(crawls) == 1 else "")
 
 
@@ -191,7 +186,7 @@ def _extract_warc(shard: Shard, tmp: Path, p: PipelineParams) -> ShardStats:
                 continue
             lang, score = language(text, p)
             _count(st, f"lang.{lang}")
-            w.write({"id": f"common-crawl/{shard.name}/{rec_index}", "text": text, "dataset": "common-crawl",
+            w.write({"id": f"{CRAWL_DATASET}/{shard.name}/{rec_index}", "text": text, "dataset": CRAWL_DATASET,
                      "url": url, "crawl": crawl, "lang": lang, "lang_score": score})
             if not crawl:  # several snapshots downloaded and a WARC without isPartOf: blended as common-crawl
                 st.extra["crawl_unnamed"] = st.extra.get("crawl_unnamed", 0) + 1

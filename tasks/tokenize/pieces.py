@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from tasks.core import stopping
 from tasks.core.config import PipelineParams
 from tasks.core.passes import Shard, ShardStats
+from tasks.core.schema import CRAWL_DATASET
 from tasks.core.stage import Context, input_files, shard_per_file
 from tasks.tokenize import indexed, tokenizer
 
@@ -53,7 +54,7 @@ def blend_names(batch: pa.RecordBatch) -> pa.Array:
     split by snapshot as MT-NLG blends them (crawl CC-MAIN-2020-50 -> dataset CC-2020-50)."""
     dataset = batch.column("dataset").cast(pa.string())
     crawl = batch.column("crawl").cast(pa.string())
-    snapshot = pc.and_(pc.equal(dataset, "common-crawl"), pc.match_substring_regex(crawl, r"^CC-MAIN-\d{4}-\d{2}$"))
+    snapshot = pc.and_(pc.equal(dataset, CRAWL_DATASET), pc.match_substring_regex(crawl, r"^CC-MAIN-\d{4}-\d{2}$"))
     renamed = pc.binary_join_element_wise("CC-", pc.utf8_slice_codeunits(crawl, 8), "")
     return pc.if_else(snapshot, renamed, dataset)
 
