@@ -16,6 +16,7 @@ from tasks.evalsets.loaders import TaskFileError
 from tasks.core.schema import write_docs
 from tasks.core.runner import adopt_outputs, run_stage
 from tasks.validation import ExpectationFailed, validate_stage
+from tests.conftest import copy_stages
 
 PASSAGE = ("the lighthouse keeper counted every ship that passed the rocky northern cape during the "
            "long winter storms of that year")  # 20 words: 8 thirteen-grams
@@ -257,7 +258,7 @@ def test_real_tasks_on_the_sample_remove_every_planted_passage(extracted, tmp_pa
     p = parse_params({**extracted.model_dump(mode="json"),
                       "paths": {"data_dir": str(tmp_path / "data"), "benchmarks_dir": extracted.paths.benchmarks_dir},
                       "decontaminate": {**extracted.decontaminate.model_dump(mode="json"), "input_stage": "extract"}})
-    shutil.copytree(Path(extracted.paths.data_dir), tmp_path / "data")
+    copy_stages(Path(extracted.paths.data_dir), tmp_path / "data")
     stats = run_stage("decontaminate", p)
     assert validate_stage("decontaminate", p).success
     assert set(stats["tasks"]) == {"lambada", "boolq", "race_h", "piqa", "hellaswag", "winogrande", "anli_r2",

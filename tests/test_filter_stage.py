@@ -17,6 +17,7 @@ from tasks.core.errors import ConfigError
 from tasks.core.runner import run_stage
 from tasks.sample.generate import LOW_QUALITY
 from tasks.validation import ExpectationFailed, validate_stage
+from tests.conftest import copy_stages
 
 
 def params(extracted, data: Path, **classifier):
@@ -28,7 +29,7 @@ def params(extracted, data: Path, **classifier):
 
 def copy(extracted, tmp_path: Path, name: str) -> Path:
     data = tmp_path / name
-    shutil.copytree(Path(extracted.paths.data_dir), data, ignore=shutil.ignore_patterns("filter", "dedup"))
+    copy_stages(Path(extracted.paths.data_dir), data)
     return data
 
 
