@@ -1,6 +1,7 @@
 """Copy the project (tracked + untracked-not-ignored files) into a fresh git repo for CLI tests."""
 from __future__ import annotations
 
+import functools
 import shutil
 import subprocess
 from pathlib import Path
@@ -16,14 +17,27 @@ def project_files() -> list[str]:
     return [f for f in out if f and (REPO / f).is_file()]
 
 
+@functools.cache
+def warm_filter_cache() -> None:
+    """Compile the filter's statistics into the repository's numba cache once per test process (when no
+    test has yet), so that the copies take it instead of each compiling it."""
+    import pyarrow as pa
+
+    from tasks.filter.textstats import text_stats
+    text_stats(pa.array(["One sentence here. Another one there!\n\nA new paragraph, with words."]), [2], [5])
+
+
 def copy_project(dest: Path, **params_over) -> Path:
     for f in project_files():
         (dest / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / f, dest / f)
     # numba's compiled functions (cache=True) that the suite has built so far: its cache is keyed by the
     # source's path, so a copy would compile them again (~15-25 s per copy that runs filter and dedup);
-    # each entry stays valid only while the copied source has the same mtime and size (copy2 keeps both)
-    for f in REPO.glob("tasks/**/__pycache__/*.nb[ic]"):
+    # each entry stays valid only while the copied source has the same mtime and size (copy2 keeps both),
+    # and the filter's only beside its .depends stamp (tasks.core.numba_cache: without it, the ~10 s
+    # compile of the filter's statistics ran again in every copy)
+    warm_filter_cache()
+    for f in [*REPO.glob("tasks/**/__pycache__/*.nb[ic]"), *REPO.glob("tasks/**/__pycache__/*.depends")]:
         (dest / f.relative_to(REPO)).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(f, dest / f.relative_to(REPO))
     raw = yaml.safe_load((dest / "params.yaml").read_text())
