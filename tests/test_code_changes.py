@@ -46,6 +46,19 @@ def test_comments_docstrings_and_layout_do_not_count_statements_do(tmp_path):
         source.code_digest(("missing-pkg",), tmp_path)
 
 
+def test_an_edit_that_keeps_the_files_size_and_time_is_seen(tmp_path):
+    """A process digests each file once while its status stays (source._file_hash): an edit of the same
+    length with its modification time set back (cp -p, rsync -t) still changes the digest."""
+    import os
+    first = digest_after(tmp_path, MODULE)
+    f = tmp_path / "pkg" / "m.py"
+    st = f.stat()
+    f.write_text(MODULE.replace("2 * x", "3 * x"))
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert f.stat().st_size == st.st_size and f.stat().st_mtime_ns == st.st_mtime_ns
+    assert source.code_digest(("pkg",), tmp_path) != first
+
+
 def downloaded(tmp_path: Path) -> tuple[object, int]:
     """Sample and download run once: (the params, download's shard count)."""
     p = parse_params(small_raw(tmp_path / "data"))

@@ -5,16 +5,17 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from scipy.integrate import quad
 
 from tasks.decontaminate.ngram_index import _fmix
 
 
 def _false_positive(threshold: float, b: int, r: int) -> float:
+    from scipy.integrate import quad  # here: importing scipy.integrate costs every stage's start 0.5 s
     return quad(lambda s: 1 - (1 - s ** float(r)) ** float(b), 0.0, threshold)[0]
 
 
 def _false_negative(threshold: float, b: int, r: int) -> float:
+    from scipy.integrate import quad
     return quad(lambda s: 1 - (1 - (1 - s ** float(r)) ** float(b)), threshold, 1.0)[0]
 
 
