@@ -124,4 +124,12 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    if code:
+        # a failed rank leaves at once, its line written: the interpreter's teardown of a process group whose
+        # gloo threads still run can abort it ("terminate called without an active exception"), and torchrun
+        # then reported that SIGABRT (launch.first_error), not the error every rank had just written
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
