@@ -46,13 +46,21 @@ def test_comments_docstrings_and_layout_do_not_count_statements_do(tmp_path):
         source.code_digest(("missing-pkg",), tmp_path)
 
 
-def test_an_edit_that_keeps_the_files_size_and_time_is_seen(tmp_path):
+def test_an_edit_that_keeps_the_files_size_and_time_is_seen(tmp_path, monkeypatch):
     """A process digests each file once while its status stays (source._file_hash): an edit of the same
-    length with its modification time set back (cp -p, rsync -t) still changes the digest."""
+    length with its modification time set back (cp -p, rsync -t) still changes the digest, and so does one
+    made within a tick of the file's timestamps (ext4's are ~4 ms coarse)."""
     import os
     first = digest_after(tmp_path, MODULE)
     f = tmp_path / "pkg" / "m.py"
+    assert source.code_digest(("pkg",), tmp_path) == first  # written just now: digested again, not kept
+    assert digest_after(tmp_path, MODULE.replace("2 * x", "4 * x")) != first  # within the same tick, likely
+    monkeypatch.setattr(source, "RACY_S", -1.0)  # as for a file written long before: its digest is kept
+    assert digest_after(tmp_path, MODULE) == first
     st = f.stat()
+    probe = tmp_path / "probe"
+    while probe.write_text("t") and probe.stat().st_ctime_ns == st.st_ctime_ns:
+        pass  # the clock's next tick: the edit below gets another st_ctime_ns
     f.write_text(MODULE.replace("2 * x", "3 * x"))
     os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert f.stat().st_size == st.st_size and f.stat().st_mtime_ns == st.st_mtime_ns

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import threading
+import time
 from pathlib import Path
 
 # the folder holding tasks/, trainer/, kernels/: a stage names its folders relative to it
@@ -75,16 +76,21 @@ def file_digest(path: Path) -> bytes:
 # a file's digest by its status: the folders of a process's stages overlap (tasks/core is in each), and a
 # pipeline process digests them at its start and again at each stage's end; parsing each file once per
 # process saves ~1 s a stage. A write changes st_ctime_ns, which no tool can set back, so an edit made
-# while the process runs is still seen (changed_since_loaded)
+# while the process runs is still seen (changed_since_loaded); but timestamps advance in ticks (~4 ms on
+# ext4), so a file written within RACY_S of its digest is digested again each time (git's "racily clean")
 _HASHES: dict[tuple, bytes] = {}
+RACY_S = 2.0
 
 
 def _file_hash(path: Path) -> bytes:
     st = path.stat()
     key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    if key not in _HASHES:
-        _HASHES[key] = hashlib.sha256(file_digest(path)).digest()
-    return _HASHES[key]
+    if key in _HASHES:
+        return _HASHES[key]
+    digest = hashlib.sha256(file_digest(path)).digest()
+    if time.time() - st.st_ctime > RACY_S:
+        _HASHES[key] = digest
+    return digest
 
 
 def code_digest(folders: tuple[str, ...], root: Path | None = None) -> str:
