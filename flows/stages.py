@@ -124,6 +124,10 @@ def filled_from(defaults: PipelineParams, given: PipelineParams) -> tuple[Pipeli
                 out[name] = getattr(d, name)
             elif isinstance(value := getattr(g, name), BaseModel) and type(value) is type(getattr(d, name)):
                 out[name] = merged(getattr(d, name), value, f"{prefix}{name}.")
+            elif isinstance(value, dict) and isinstance(known := getattr(d, name), dict):
+                # a dict of models (train.profiles): an entry params.yaml has too is filled from it
+                out[name] = {k: merged(known[k], v, f"{prefix}{name}.{k}.")
+                             if isinstance(v, BaseModel) and type(v) is type(known.get(k)) else v for k, v in value.items()}
             else:
                 out[name] = value
         return out

@@ -1,6 +1,7 @@
 """params.yaml -> typed models: one clear error per bad key, before any work starts."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -65,6 +66,73 @@ def test_bad_yaml_and_missing_file(tmp_path):
     (tmp_path / "list.yaml").write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_params(tmp_path / "list.yaml")
+
+
+def test_yaml_reads_numbers_as_people_write_them_and_refuses_the_yaml_1_1_surprises(tmp_path):
+    """PyYAML (YAML 1.1) read `seed: 010` as 8 and `checkpoint_every: 1:30` as 90, and kept `lr: 3e-4` as text."""
+    f = tmp_path / "p.yaml"
+    f.write_text("train:\n  profiles:\n    sample:\n      optim: {lr: 3e-4, eps: 1e-8}\n")
+    assert load_params(f).train.profiles["sample"].optim.lr == 3e-4
+    for text, key in [("sample:\n  seed: 010\n", "sample.seed"), ("download:\n  n_files: 0123\n", "download.n_files"),
+                      ("train:\n  checkpoint_every: 1:30\n", "train.checkpoint_every")]:
+        f.write_text(text)
+        with pytest.raises(ConfigError, match=rf"{key}: Input should be a valid integer \(got '[\d:]+'\)"):
+            load_params(f)
+    # a merge (<<: *anchor) is YAML's own, its keys given again after it; a key that is a list is one line
+    f.write_text("train:\n  profiles:\n    sample: &s {seq_len: null}\n    other:\n      <<: *s\n      seq_len: 64\n")
+    assert load_params(f).train.profiles["other"].seq_len == 64
+    f.write_text("? [a, b]\n: 1\n")
+    with pytest.raises(ConfigError, match=r"p.yaml: line 1: a key is a name, not a list$"):
+        load_params(f)
+    f.write_text("sample: {}\n")
+    f.chmod(0)
+    try:
+        if not os.access(f, os.R_OK):  # (root reads it all the same where it may override permissions)
+            with pytest.raises(ConfigError, match=r"p.yaml: cannot be read \(Permission denied\)$"):
+                load_params(f)
+    finally:
+        f.chmod(0o644)
+
+
+@pytest.mark.parametrize("raw,message", [
+    ({"extract": {"lang_chars": 150}}, "extract: lang_min_chars 200 is more than the 150 characters language ID reads"),
+    ({"filter": {"gopher_quality": {"min_stop_words": 9}}}, "min_stop_words: Input should be less than or equal to 8"),
+    ({"train": {"profiles": {"sample": {"parallel": {"zero_stage": False}}}}},
+     "parallel.zero_stage: the ZeRO stage is 0 or 1, not a yes/no (got False)"),
+    ({"evaluate": {"tasks": ["boolq", "piqa", "boolq"]}}, "evaluate: tasks lists boolq twice"),
+    ({"paths": {"data_dir": "$MTNLG_UNSET_VARIABLE/data"}}, "paths.data_dir: names $MTNLG_UNSET_VARIABLE, which is not set"),
+])
+def test_values_that_would_quietly_drop_everything_or_mean_another_thing_are_refused(raw, message, monkeypatch):
+    """lang_min_chars above lang_chars made every page 'unknown' and the filter dropped the whole crawl, as 9 of
+    Gopher's 8 stop words did; YAML's `off` for zero_stage turned ZeRO-1 off; a task listed twice was scored
+    twice and failed the stage's validation after the work."""
+    monkeypatch.delenv("MTNLG_UNSET_VARIABLE", raising=False)
+    with pytest.raises(ConfigError) as e:
+        parse_params(raw)
+    assert message in str(e.value)
+
+
+def test_home_and_environment_variables_in_paths_are_expanded(monkeypatch):
+    """`data_dir: ~/data` wrote into a folder named `~` inside the project."""
+    monkeypatch.setenv("HOME", "/home/someone")
+    monkeypatch.setenv("DATA_DISK", "/mnt/big")
+    p = parse_params({"paths": {"data_dir": "~/mtnlg", "benchmarks_dir": "$DATA_DISK/benchmarks"},
+                      "tokenize": {"tokenizer_file": "${DATA_DISK}/gpt2/vocab.json", "merges_file": "~/merges.txt"}})
+    assert (p.paths.data_dir, p.paths.benchmarks_dir) == ("/home/someone/mtnlg", "/mnt/big/benchmarks")
+    assert (p.tokenize.tokenizer_file, p.tokenize.merges_file) == ("/mnt/big/gpt2/vocab.json", "/home/someone/merges.txt")
+
+
+def test_a_form_that_left_a_profiles_field_empty_takes_params_yamls_value():
+    """The UI's custom-run form: a field emptied inside train.profiles (a dict of models) took the model's
+    default (lr 3e-4 for params.yaml's 0.001, warmup 0 for 10,240), and the run's log did not name it."""
+    from flows.stages import DEFAULT_PARAMS, filled_from
+    form = DEFAULT_PARAMS.model_dump(mode="json")
+    del form["download"]["n_files"]
+    del form["train"]["profiles"]["sample"]["optim"]["lr"]
+    del form["train"]["profiles"]["sample"]["schedule"]["warmup_tokens"]
+    p, filled = filled_from(DEFAULT_PARAMS, PipelineParams.model_validate(form))
+    assert filled == ["download.n_files", "train.profiles.sample.optim.lr", "train.profiles.sample.schedule.warmup_tokens"]
+    assert p == DEFAULT_PARAMS
 
 
 def test_cli_reports_config_error_before_work(tmp_path):

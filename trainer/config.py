@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from tasks.core.errors import ConfigError
-from tasks.core.strict import Strict
+from tasks.core.strict import PathText, Strict
 
 
 def padded_vocab(vocab: int, tp: int) -> int:
@@ -81,6 +81,13 @@ class ParallelParams(Strict):
                                   "by transformer blocks (Megatron-DeepSpeed's; the embeddings go with the end stages).")
     recompute: bool = Field(False, description="Activation checkpointing: keep each layer's input only and "
                                                "recompute the layer in backward (DeepSpeed's, every layer).")
+
+    @field_validator("zero_stage", mode="before")
+    @classmethod
+    def _a_stage_is_a_number(cls, v):
+        if isinstance(v, bool):  # a Literal of ints takes True as 1: YAML's `off` turned ZeRO-1 off
+            raise ValueError("the ZeRO stage is 0 or 1, not a yes/no")
+        return v
 
     @model_validator(mode="after")
     def _clipping_counts_each_parameter_once(self):
@@ -216,7 +223,7 @@ class LaunchParams(Strict):
     """How the ranks start: torchrun on this machine, or DeepSpeed's launcher on the hosts of a hostfile
     (pdsh over ssh from the first host, as Megatron-DeepSpeed runs MT-NLG)."""
 
-    hostfile: str | None = Field(None, description="DeepSpeed's hostfile, a `<host> slots=<ranks>` line per node; "
+    hostfile: PathText | None = Field(None, description="DeepSpeed's hostfile, a `<host> slots=<ranks>` line per node; "
                                                    "the slots must add up to tp x pp x dp. None: torchrun here.")
     master_addr: str | None = Field(None, description="The first host's address as the others reach it "
                                                       "(None: 127.0.0.1, one host only).")

@@ -16,7 +16,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from tasks.core.errors import ConfigError
-from tasks.core.strict import Strict  # noqa: F401  (re-exported: every section derives from it)
+from tasks.core.strict import PathText, Strict  # noqa: F401  (Strict re-exported: every section derives from it)
 from tasks.dedup.config import DedupParams
 from tasks.evaluate.config import EvaluateParams
 from tasks.filter.config import FilterParams
@@ -26,8 +26,8 @@ from trainer.config import TrainStageParams
 
 
 class PathsParams(Strict):
-    data_dir: str = Field("data", description="Root of all stage outputs (one folder per stage).")
-    benchmarks_dir: str = Field(
+    data_dir: PathText = Field("data", description="Root of all stage outputs (one folder per stage).")
+    benchmarks_dir: PathText = Field(
         "../shared/benchmarks",
         description="Folder with the official evaluation-task files (see README).",
     )
@@ -59,7 +59,7 @@ class SampleParams(Strict):
 
 
 class CuratedSource(Strict):
-    path: str = Field(description="A Pile-style .jsonl (.gz, .zst), .json.gz/.zst or .parquet file, or a glob of them.")
+    path: PathText = Field(description="A Pile-style .jsonl (.gz, .zst), .json.gz/.zst or .parquet file, or a glob of them.")
     dataset: str | None = Field(
         None, description="Tag for every document; default: meta.pile_set_name of each line."
     )
@@ -121,6 +121,13 @@ class ExtractParams(Strict):
         0.5, ge=0, le=1, description="Below this language-ID confidence (fastText's probability, lang_score) "
                                      "lang is 'unknown' (CCNet's 0.5).")
 
+    @model_validator(mode="after")
+    def _shorter_than_what_is_read(self):
+        if self.lang_min_chars > self.lang_chars:  # every page would be 'unknown', and the filter drop them all
+            raise ValueError(f"lang_min_chars {self.lang_min_chars} is more than the {self.lang_chars} "
+                             f"characters language ID reads (lang_chars): every page would be 'unknown'")
+        return self
+
 
 TaskName = Literal["lambada", "boolq", "race_h", "piqa", "hellaswag", "winogrande", "anli_r2", "hans", "wic"]
 
@@ -157,9 +164,9 @@ class TokenizeParams(Strict):
     """Byte-level BPE, Megatron .bin/.idx datasets per `dataset`, and the weighted blend (MT-NLG)."""
 
     input_stage: Literal["decontaminate"] = Field("decontaminate", description="Stage whose shards are tokenized.")
-    tokenizer_file: str = Field("", description="tokenizer.json, or GPT-2 vocab.json (with merges_file); "
+    tokenizer_file: PathText = Field("", description="tokenizer.json, or GPT-2 vocab.json (with merges_file); "
                                                 "empty: train a byte-level BPE on the input.")
-    merges_file: str = Field("", description="GPT-2 merges.txt beside tokenizer_file's vocab.json.")
+    merges_file: PathText = Field("", description="GPT-2 merges.txt beside tokenizer_file's vocab.json.")
     vocab_size: int = Field(50257, ge=257, le=2**31 - 1, description="Vocabulary of a trained tokenizer (GPT-2: 50257).")
     min_frequency: int = Field(2, ge=1, description="A pair seen fewer times is not merged (training).")
     train_max_docs: int = Field(0, ge=0, description="Documents the tokenizer trains on (0: all).")
@@ -247,16 +254,38 @@ def parse_params(raw: dict, source: str = "params") -> PipelineParams:
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping (YAML keeps the last silently)."""
+    """SafeLoader that refuses a key given twice in one mapping (YAML keeps the last silently), and a key
+    that is not a scalar. A merge (`<<: *defaults`) is YAML's own: its keys may be given again after it."""
 
     def construct_mapping(self, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
             key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, (str, int, float, bool)) and key is not None:
+                raise ConfigError(f"line {key_node.start_mark.line + 1}: a key is a name, not a "
+                                  f"{type(key).__name__}")
             if key in seen:
                 raise ConfigError(f"line {key_node.start_mark.line + 1}: duplicate key {key!r}")
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.1 (PyYAML's) read 010 as 8 (octal) and 1:30 as 90 (base 60): a seed, a count or a step written so
+# silently became another number; those forms stay text here, which the models refuse naming the key. Numbers
+# are YAML 1.2's: 3e-4 is a float (YAML 1.1 wanted 3.0e-4 and kept `lr: 3e-4` as text).
+_UniqueKeyLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0x[0-9a-fA-F_]+|[-+]?(?:0|[1-9][0-9_]*))$"),
+    list("-+0123456789"))
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(
+        r"^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?"
+        r"|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+0123456789."))
 
 
 def load_params(path: str | Path = "params.yaml") -> PipelineParams:
@@ -266,7 +295,10 @@ def load_params(path: str | Path = "params.yaml") -> PipelineParams:
         raise ConfigError(f"{path}: is a directory, not a params file")
     if not path.is_file():
         raise ConfigError(f"{path}: file not found")
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot be read ({e.strerror or e})") from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:

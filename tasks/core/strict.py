@@ -2,7 +2,11 @@
 without importing the pipeline's config, which imports the trainer's section)."""
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+import os
+import re
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict
 
 
 class Strict(BaseModel):
@@ -10,3 +14,16 @@ class Strict(BaseModel):
     # number in params.yaml is a mistake worth a message, not a silent coercion.
     # no inf (nor NaN) in any float: a blend weight of .inf passed, to fail mid-stage after its last completion went
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+def _expanded(v: str) -> str:
+    """`~` and `$VAR` as a shell would read them: taken literally, `data_dir: ~/data` wrote into a folder
+    named `~` inside the project, and a tokenizer under `$HOME` was "not found"."""
+    out = os.path.expandvars(os.path.expanduser(v)) if v else v
+    if (m := re.search(r"\$\{?(\w+)", out)) is not None:
+        raise ValueError(f"names ${m[1]}, which is not set in this environment")
+    return out
+
+
+# a file or folder: `~` and environment variables expanded as the shell would
+PathText = Annotated[str, AfterValidator(_expanded)]

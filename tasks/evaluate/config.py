@@ -44,6 +44,10 @@ class EvaluateParams(Strict):
 
     @model_validator(mode="after")
     def _k_for_every_task(self):
+        for name, listed in (("tasks", self.tasks), ("shots", self.shots)):
+            twice = sorted({x for x in listed if listed.count(x) > 1})
+            if twice:  # a task listed twice was scored twice, and its report then failed validation
+                raise ValueError(f"{name} lists {', '.join(twice)} twice")
         missing = [t for t in self.tasks if "few" in self.shots and t not in self.fewshot_k]
         if missing:
             raise ValueError(f"fewshot_k has no k for {', '.join(missing)}")

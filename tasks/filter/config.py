@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from tasks.core.strict import Strict
+from tasks.core.strict import PathText, Strict
 from tasks.extract.langid import LABELS
 
 RULE_GROUPS = ("language", "gopher_repetition", "gopher_quality", "c4")
@@ -39,7 +39,7 @@ class GopherQuality(Strict):
     max_bullet_lines_ratio: float = Field(0.9, ge=0, le=1)
     max_ellipsis_lines_ratio: float = Field(0.3, ge=0, le=1)
     min_alpha_words_ratio: float = Field(0.8, ge=0, le=1, description="Share of words with an alphabetic character.")
-    min_stop_words: int = Field(2, ge=0, description="Distinct stop words (the, be, to, of, and, that, have, with).")
+    min_stop_words: int = Field(2, ge=0, le=8, description="Distinct stop words (the, be, to, of, and, that, have, with).")
 
     @model_validator(mode="after")
     def _ranges(self):
@@ -90,7 +90,7 @@ class ClassifierParams(Strict):
     positives: list[str] = Field(["Wikipedia (en)", "StackExchange"],
                                  description="High-quality datasets: the positive examples.")
     negatives: list[str] = Field(["common-crawl"], description="Raw crawl datasets: the negatives, and what is scored.")
-    model_path: str = Field("", description="A model.npz trained earlier: used as is instead of training one.")
+    model_path: PathText = Field("", description="A model.npz trained earlier: used as is instead of training one.")
     n_features: int = Field(1 << 18, ge=16, le=1 << 24, description="Hashed feature space (a power of two).")
     ngram: int = Field(2, ge=1, le=3, description="Word n-grams 1..ngram.")
     C: float = Field(0.01, gt=0, description="Inverse L2 regularisation of the logistic regression.")
