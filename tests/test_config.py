@@ -112,6 +112,24 @@ def test_values_that_would_quietly_drop_everything_or_mean_another_thing_are_ref
     assert message in str(e.value)
 
 
+@pytest.mark.parametrize("section,key,value,message", [
+    ("sample", "crawl_id", "CC-MAIN-2021-04",
+     "tokenize.blend names CC-2020-50, but the crawl is CC-MAIN-2021-04 (its dataset: CC-2021-04)"),
+    ("train", "profile", "gpt-350m",
+     "train.profile 'gpt-350m' is for seq_len 2048 but the blend's samples hold tokenize.seq_length 128 tokens"),
+    ("tokenize", "train_tokens", 100, "tokenize: train_tokens (100) is less than one sample of seq_length (128) tokens"),
+])
+def test_what_the_params_alone_rule_out_is_refused_as_they_are_read(section, key, value, message):
+    """Each was refused by the stage that met it: the blend's snapshot after six stages, the profile's context
+    length after seven (a gpt-350m run on params.yaml's 128-token blend)."""
+    import yaml
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw[section][key] = value
+    with pytest.raises(ConfigError) as e:
+        parse_params(raw)
+    assert str(e.value) == f"params: {message}"
+
+
 def test_home_and_environment_variables_in_paths_are_expanded(monkeypatch):
     """`data_dir: ~/data` wrote into a folder named `~` inside the project."""
     monkeypatch.setenv("HOME", "/home/someone")

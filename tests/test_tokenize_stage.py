@@ -212,12 +212,12 @@ def test_bad_inputs_name_the_cause(tmp_path):
     with pytest.raises(ConfigError, match=r"names dataset\(s\) the input does not have: Books3; "
                                              r"datasets: Wikipedia \(en\), books, web"):
         run(tmp_path, blend=[{"dataset": "Books3", "weight": 1}, {"dataset": "web", "weight": 1}])
-    with pytest.raises(ConfigError, match="every weight is 0"):
+    with pytest.raises(ConfigError, match="tokenize: every weight of blend is 0"):
         run(tmp_path, blend=[{"dataset": "web", "weight": 0}])
     with pytest.raises(InputFileError, match="the input holds no documents"):
         run(tmp_path, shards=[[], []], blend=[])
-    with pytest.raises(ConfigError, match=r"tokenize.train_tokens \(15\) is less than one sample of "
-                                          r"tokenize.seq_length \(16\) tokens"):
+    with pytest.raises(ConfigError, match=r"tokenize: train_tokens \(15\) is less than one sample of "
+                                          r"seq_length \(16\) tokens"):
         run(tmp_path, train_tokens=15)
     # MT-NLG's budget on this few-thousand-token corpus: millions of epochs, refused before any allocation
     with pytest.raises(ConfigError, match=r"tokenize.train_tokens \(270,000,000,000\) needs blend indices of "

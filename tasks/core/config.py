@@ -191,6 +191,12 @@ class TokenizeParams(Strict):
             raise ValueError("profile mt-nlg carries its own weights: leave blend empty")
         if self.merges_file and not self.tokenizer_file:
             raise ValueError("merges_file needs tokenizer_file (the vocab.json beside it)")
+        # refused here, not after the tokenizer is trained and every shard tokenized
+        if self.blend and not any(b.weight > 0 for b in self.blend):
+            raise ValueError("every weight of blend is 0")
+        if self.train_tokens < self.seq_length:
+            raise ValueError(f"train_tokens ({self.train_tokens:,}) is less than one sample of seq_length "
+                             f"({self.seq_length:,}) tokens")
         return self
 
 
@@ -218,6 +224,23 @@ class PipelineParams(Strict):
         if v.dask_address and v.kind != "dask":
             raise ValueError("dask_address is only used with kind: dask")
         return v
+
+    @model_validator(mode="after")
+    def _known_before_the_data(self):
+        # each was refused only by the stage that meets it: the blend's after six stages, the profile's after seven
+        named = {c.dataset for c in self.download.curated}
+        if self.tokenize.profile == "custom" and None not in named:  # (an unnamed source's names are its data's)
+            snapshots = {"CC-" + c.removeprefix("CC-MAIN-") for c in self.crawl_ids()}
+            absent = [b.dataset for b in self.tokenize.blend if re.fullmatch(r"CC-\d{4}-\d{2}", b.dataset)
+                      and b.dataset not in snapshots | named]
+            if absent:
+                raise ValueError(f"tokenize.blend names {', '.join(absent)}, but the crawl is "
+                                 f"{', '.join(self.crawl_ids())} (its dataset: {', '.join(sorted(snapshots))})")
+        r = self.train.recipe
+        if r.seq_len is not None and r.seq_len != self.tokenize.seq_length:
+            raise ValueError(f"train.profile {self.train.profile!r} is for seq_len {r.seq_len} but the blend's "
+                             f"samples hold tokenize.seq_length {self.tokenize.seq_length} tokens")
+        return self
 
     @model_validator(mode="after")
     def _language_cut_is_reachable(self):

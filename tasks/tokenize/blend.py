@@ -46,9 +46,7 @@ def resolve_weights(p: PipelineParams, datasets: dict) -> tuple[list[str], np.nd
         if missing:  # (a dataset whose documents are all empty is not there: they encode to no token)
             raise ConfigError(f"{where} names dataset(s) the input does not have: {', '.join(missing)}; "
                               f"datasets: {', '.join(sorted(datasets))}")
-        chosen = [(name, float(w)) for name, w in entries if w > 0]
-        if not chosen:
-            raise ConfigError("tokenize.blend: every weight is 0")
+        chosen = [(name, float(w)) for name, w in entries if w > 0]  # one at least (TokenizeParams)
         named = {name for name, _ in entries}
         left_out = sorted(set(datasets) - named) + [name for name, w in entries if w == 0]
     else:
@@ -68,10 +66,7 @@ def build_blend(tmp: Path, p: PipelineParams, ctx: Context) -> dict:
     datasets_dir = ctx.pass_dir("datasets")
     manifest = read_manifest(datasets_dir)
     names, weights, notes = resolve_weights(p, manifest["datasets"])
-    if t.train_tokens < t.seq_length:
-        raise ConfigError(f"tokenize.train_tokens ({t.train_tokens:,}) is less than one sample of "
-                          f"tokenize.seq_length ({t.seq_length:,}) tokens")
-    num_samples = t.train_tokens // t.seq_length
+    num_samples = t.train_tokens // t.seq_length  # one at least (TokenizeParams)
     check_index_size(tmp, p, names, weights, manifest["datasets"], num_samples)
     # megatron-core's BlendedDataset normalises the builder's normalised weights again (the last bits
     # can differ, and with them a tie of the greedy choice)
