@@ -41,6 +41,7 @@ import psutil
 import pyarrow.parquet as pq
 
 from benchmarks.dedup_corpus import DATASETS, corpus
+from benchmarks import at_least
 from tasks.core.config import parse_params
 from tasks.core.runner import adopt_outputs, process_shard, run_stage
 from tasks.core.schema import write_docs
@@ -197,9 +198,9 @@ def _yaml(path: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--docs", type=int, default=20_000)
-    ap.add_argument("--words", type=int, default=500)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--docs", type=at_least(100), default=20_000)
+    ap.add_argument("--words", type=at_least(5), default=500)
+    ap.add_argument("--repeats", type=at_least(1), default=3)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-sample", action="store_true")
     ap.add_argument("--no-datatrove", action="store_true")

@@ -22,6 +22,7 @@ import torch
 
 from trainer import checkpoint
 from trainer.config import ModelParams, OptimParams, ParallelParams, ScheduleParams, TrainParams
+from trainer.parity import worst
 from trainer.run import RunSpec, launch, launch_and_kill
 
 MODEL = ModelParams(n_layer=4, n_head=4, d_model=64, vocab_size=512, seq_len=32, fused_kernels=False)
@@ -47,7 +48,7 @@ def kill_and_resume(tmp: Path, steps: int) -> float:
     print(f"{'step':>4}{'uninterrupted':>16}{'killed + resumed':>18}")
     for k in sorted(reference):
         print(f"{k:>4}{reference[k]:>16.9f}{resumed[k]:>18.9f}")
-    return max(abs(reference[k] - resumed[k]) for k in reference)
+    return worst(abs(reference[k] - resumed[k]) for k in reference)
 
 
 def layout_resume(tmp: Path, steps: int) -> tuple[float, Path]:
@@ -59,7 +60,7 @@ def layout_resume(tmp: Path, steps: int) -> tuple[float, Path]:
     for k in sorted(runs["221"]):
         print(f"{k:>4}" + "".join(f"{r[k]:>18.9f}" for r in runs.values()))
     same = runs["221"]
-    diff = max(abs(r[k] - same[k]) / abs(same[k]) for lay, r in runs.items() if lay != "221" for k in same)
+    diff = worst(abs(r[k] - same[k]) / abs(same[k]) for lay, r in runs.items() if lay != "221" for k in same)
     return diff, checkpoint.latest(tmp / "written-221/checkpoints")
 
 

@@ -8,6 +8,7 @@ layout under torchrun and in the plain PyTorch loop must give the same losses st
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -56,8 +57,15 @@ def engine_losses(run: ParityRun) -> tuple[list[float], list[float | None]]:
     return losses, norms
 
 
+def worst(diffs) -> float:
+    """The largest difference, inf where one is NaN: max() keeps a NaN only when it comes first, so a run
+    that diverged after its first step compared as equal."""
+    diffs = list(diffs)
+    return math.inf if any(math.isnan(d) for d in diffs) else max(diffs)
+
+
 def max_rel_diff(a: list[float], b: list[float]) -> float:
-    return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b, strict=True))
+    return worst(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b, strict=True))
 
 
 def launch(run: ParityRun, workdir: Path, timeout: float = 900) -> dict:
