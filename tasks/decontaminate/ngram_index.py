@@ -44,13 +44,41 @@ _WHITESPACE_BYTES = np.zeros(256, dtype=bool)  # str.isspace() for ASCII: \t\n\v
 _WHITESPACE_BYTES[[9, 10, 11, 12, 13, 28, 29, 30, 31, 32]] = True
 
 
+# The non-ASCII characters of most English web text: typographic punctuation and spaces. Each is
+# punctuation to normalize (gone) or whitespace (a word break) whichever path it takes (NFKC first or not),
+# so replacing them in the UTF-8 bytes (C's memchr speed) leaves the words as they were, and a page whose
+# only non-ASCII characters they are takes the ASCII path (~5x faster; dedup's compiled one, ~8x).
+_TYPOGRAPHIC_SPACES = "\u00a0\u2002\u2003\u2009\u200a\u202f\u2028\u3000"  # no-break, en, em, thin, hair, ...
+_TYPOGRAPHIC_MARKS = ("\u2019\u2018\u201c\u201d\u2013\u2014\u2026\u2022\u00b7\u00ab\u00bb\u00a9\u00ae"
+                      "\u00b0\u00a7\u00b6\u2020\u2021\u2032\u2033\u2010\u2011\u2012\u2015\u2039\u203a"
+                      "\u00a1\u00bf\u201a\u201e\u00ad\u200b\ufeff\u20ac\u00a3\u00a5\u00a2\u00d7")
+_TYPOGRAPHIC = {**{c: b" " for c in _TYPOGRAPHIC_SPACES}, **{c: b"" for c in _TYPOGRAPHIC_MARKS}}
+_ASCII_BYTES = bytes(range(128))
+
+
+def without_typography(text: str) -> bytes | None:
+    """`text`'s UTF-8 bytes with typographic punctuation removed and typographic spaces made ASCII spaces,
+    when those are its only non-ASCII characters (the same words as normalize(text)); else None."""
+    b = text.encode("utf-8", "surrogatepass")
+    others = set(b.translate(None, _ASCII_BYTES).decode("utf-8", "surrogatepass"))  # a page's few distinct ones
+    if not others.issubset(_TYPOGRAPHIC):
+        return None
+    for c in others:
+        b = b.replace(c.encode("utf-8"), _TYPOGRAPHIC[c])
+    return b
+
+
 def normalize(text: str) -> str:
     """Lowercased, punctuation removed. Words are separated by ASCII whitespace (any amount, as
     word_hashes splits on it); non-ASCII text is re-joined with single spaces because its
     whitespace may be multi-byte (no-break space, em space, ...). Text not in Unicode's NFKC form
     (decomposed accents, ligatures, full-width letters) is brought to it word by word first."""
+    if text.isascii():
+        return text.lower().translate(_ASCII_DROP)
+    if (b := without_typography(text)) is not None:
+        return b.lower().decode("ascii").translate(_ASCII_DROP)
     t = text.lower()
-    if t.isascii():
+    if t.isascii():  # (the Kelvin sign, say: lower-cased to k)
         return t.translate(_ASCII_DROP)
     if _word_by_word(text, t):
         return " ".join(w for w in map(_nfkc_word, text.split()) if w)

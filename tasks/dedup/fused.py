@@ -14,7 +14,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from tasks.decontaminate.ngram_index import _ASCII_DROP, _WHITESPACE_BYTES, normalize
+from tasks.decontaminate.ngram_index import _ASCII_DROP, _WHITESPACE_BYTES, normalize, without_typography
 from tasks.dedup.minhash import EMPTY, permutations
 
 _TABLE = np.arange(256, dtype=np.uint8)
@@ -106,10 +106,17 @@ def _sign(buf, starts, value, n, a, b, sig, exact, words, sets, set_offsets):  #
     return pos
 
 
+def _kernel_bytes(text: str) -> bytes:
+    """What _sign reads: ASCII it lowercases and strips itself (typographic marks removed first, the same
+    words), else normalize's words."""
+    b = without_typography(text)
+    return b if b is not None else normalize(text).encode("utf-8")
+
+
 def sign_words(texts: list[str], n: int = 5, num_perm: int = 128, seed: int = 1):
     """(signatures [docs, num_perm] uint32, exact keys uint64, word counts, shingle hashes uint32 in
     document order, their offsets int64) of word n-gram shingles: shingle_hashes' layout."""
-    parts = [t.encode("ascii") if t.isascii() else normalize(t).encode("utf-8") for t in texts]
+    parts = [t.encode("ascii") if t.isascii() else _kernel_bytes(t) for t in texts]
     lengths = np.fromiter((len(x) for x in parts), dtype=np.int64, count=len(parts))
     starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     buf = np.frombuffer(b"".join(parts), dtype=np.uint8)
