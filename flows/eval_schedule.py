@@ -93,6 +93,7 @@ def _evaluate_checkpoints(params: PipelineParams, params_file: str | None, check
     data = Path(p.paths.data_dir)
     tokenizer = data / "tokenize" / "tokenizer" / "tokenizer.json"
     prov = provenance.collect(Path.cwd(), data, p.model_dump(mode="json"), {})
+    prov["train_run"] = provenance.current_run(data)  # work.previous/'s checkpoints: another run's lineage
     # the folders follow paths.data_dir (a fixed data/... looked in the wrong place for another data_dir)
     ckpts = Path(checkpoints_dir) if checkpoints_dir else data / "train" / "work" / "checkpoints"
     # the current run first: a checkpoint moved aside with its run while evaluated is found again after it

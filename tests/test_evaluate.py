@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -337,6 +338,28 @@ def test_the_lineage_cli_names_each_stage_validation_and_refuses_an_unknown_metr
     assert "data: filter data/filter/shards md5 m3; validation FAILED" in out
     assert main([str(tmp_path / "results.json"), "boolq", "nosuch"]) == 2
     assert "no metric 'nosuch' in" in capsys.readouterr().err
+
+
+def test_a_model_the_train_stage_did_not_make_is_cited_without_the_pipelines_data_lineage(tmp_path, lm):
+    """`python -m tasks.evaluate.run` on a Hugging Face GPT-2 (or the schedule on work.previous/'s checkpoints)
+    cited every dvc.lock hash with "validation passed", and "step None, None training tokens"."""
+    from tasks.evaluate.provenance import cited_for, current_run, lineage
+    prov = {"git": {"commit": "abc", "dirty": False}, "params_sha256": "f00", "prefect_flow_run_id": None,
+            "dvc_lock": {"dedup": {"data/dedup/shards": "m1"}}, "dvc_lock_left_out": [],
+            "validation": {"dedup": {"success": True}}}
+    assert current_run(tmp_path) == ""
+    (tmp_path / "train" / "work").mkdir(parents=True)
+    (tmp_path / "train" / "work" / "identity").write_text("run-a", encoding="utf-8")
+    asked = {**prov, "train_run": current_run(tmp_path)}
+    assert cited_for(asked, "run-a", Path("ck")) == asked  # a checkpoint of the current run: its lineage
+    assert cited_for(prov, None, Path("ck")) == prov  # the evaluate stage's own model (no train_run asked)
+    assert lm.run is None  # (a Hugging Face folder records no run)
+    for run, what in ((None, "a Hugging Face folder"), ("run-b", "a checkpoint of another training run")):
+        cited = cited_for(asked, run, Path("m"))
+        assert cited["dvc_lock"] == {} and cited["validation"] == {}
+        lines = lineage({"rows": [], "provenance": {**cited, "checkpoint": {"path": "m", "step": None, "source": "hf"}}})
+        assert f"data: unknown (m is {what}: the pipeline's data lineage is not its own)" in lines
+        assert "model: m (hf)" in lines and not any("md5" in line for line in lines)
 
 
 def test_the_lineage_names_a_stage_left_out_of_dvc_lock_instead_of_citing_its_old_hashes(tmp_path, copied_sources):

@@ -27,6 +27,7 @@ class LoadedModel:
     source: str            # "checkpoint" | "hf"
     step: int | None       # the checkpoint's optimizer step (None for a Hugging Face folder)
     tokens: int | None     # training tokens seen at that step
+    run: str | None = None  # the training run's identity a checkpoint records (meta.json's `run`)
 
     @property
     def params(self) -> ModelParams:
@@ -108,7 +109,7 @@ def load_checkpoint(folder: Path, tokenizer: Path) -> LoadedModel:
         model = _build(p, lambda name: tensors[f"param/{name}"])
     except ConfigError as e:
         raise CheckpointMismatch(str(e)) from None
-    return LoadedModel(model, tok, eod, "checkpoint", int(meta["step"]), meta.get("consumed_tokens"))
+    return LoadedModel(model, tok, eod, "checkpoint", int(meta["step"]), meta.get("consumed_tokens"), meta.get("run") or None)
 
 
 def load_hf(folder: Path, tokenizer: Path | None = None) -> LoadedModel:

@@ -75,6 +75,23 @@ def collect(root: Path, data_dir: Path, params: dict, checkpoint: dict) -> dict:
             "prefect_flow_run_id": os.environ.get("PREFECT__FLOW_RUN_ID")}
 
 
+def current_run(data_dir: Path) -> str:
+    """The identity of the training run in data_dir's train stage ('' when there is none)."""
+    stamp = Path(data_dir) / "train" / "work" / "identity"
+    return stamp.read_text(encoding="utf-8") if stamp.is_file() else ""
+
+
+def cited_for(prov: dict, model_run: str | None, path: Path) -> dict:
+    """`prov` for a model: the pipeline's data lineage (dvc.lock, validations) is the model's only if the
+    train stage's current run made it (prov["train_run"]; absent: the train stage's own model). A Hugging Face
+    folder or another run's checkpoint was cited with every dvc.lock hash and "validation passed"."""
+    if "train_run" not in prov or (model_run and model_run == prov["train_run"]):
+        return prov
+    why = ("a Hugging Face folder" if model_run is None else "a checkpoint of another training run") + \
+        ": the pipeline's data lineage is not its own"
+    return {**prov, "dvc_lock": {}, "dvc_lock_left_out": [], "validation": {}, "lineage": f"{path} is {why}"}
+
+
 def lineage(results: dict, task: str | None = None, metric: str | None = None) -> list[str]:
     rows = [r for r in results["rows"] if (task is None or r["task"] == task) and (metric is None or r["metric"] == metric)]
     prov = results["provenance"]
@@ -82,7 +99,8 @@ def lineage(results: dict, task: str | None = None, metric: str | None = None) -
     git = prov["git"]
     lines.append(f"code: git {git['commit']}{' (uncommitted changes)' if git['dirty'] else ''}")
     ck = prov["checkpoint"]
-    lines.append(f"model: {ck.get('path')} step {ck.get('step')}, {ck.get('tokens')} training tokens")
+    lines.append(f"model: {ck.get('path')}" + (f" step {ck['step']}, {ck.get('tokens')} training tokens"
+                                                if ck.get("step") is not None else f" ({ck.get('source')})"))
     lines.append(f"params: sha256 {prov['params_sha256']}; Prefect flow run {prov['prefect_flow_run_id']}")
     for stage, outs in prov["dvc_lock"].items():
         v = prov["validation"].get(stage, {})
@@ -91,6 +109,8 @@ def lineage(results: dict, task: str | None = None, metric: str | None = None) -
                                                              if stage == "sample" else "not recorded")
             lines.append(f"data: {stage} {path} md5 {md5}; validation {outcome}"
                          f"{' ' + v['data_docs'] if v.get('data_docs') else ''}")
+    if prov.get("lineage"):
+        lines.append(f"data: unknown ({prov['lineage']})")
     for stage in prov.get("dvc_lock_left_out", []):
         lines.append(f"data: {stage} not recorded in dvc.lock: its code changed while the run was under way")
     return lines

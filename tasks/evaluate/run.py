@@ -83,7 +83,8 @@ def write_results(out: Path, rows: list[dict], gens: list[dict], provenance: dic
     atomic_write_text(out / RESULTS, json.dumps(results, indent=1) + "\n")
     atomic_write_text(out / METRICS, json.dumps(dvc_metrics(rows), indent=1, sort_keys=True) + "\n")
     ck = provenance.get("checkpoint", {})
-    md = [f"# Evaluation of {ck.get('path')} (step {ck.get('step')}, {ck.get('tokens')} tokens)", "",
+    md = [f"# Evaluation of {ck.get('path')} " + (f"(step {ck['step']}, {ck.get('tokens')} tokens)"
+                                                   if ck.get("step") is not None else f"({ck.get('source')})"), "",
           figure3_table(rows), "", "## Generations", ""]
     for g in gens:
         md += [f"**Prompt:** `{g['prompt']!r}`", "", f"- greedy: `{g['greedy']!r}`", f"- sampled: `{g['sampled']!r}`", ""]
@@ -96,8 +97,9 @@ def run(model: Path, tokenizer: Path | None, cfg: EvaluateParams, benchmarks_dir
     start = time.perf_counter()
     lm = load(model, tokenizer)
     rows, gens = evaluate_model(lm, cfg, benchmarks_dir)
-    provenance = {**provenance, "checkpoint": {"path": str(model), "step": lm.step, "tokens": lm.tokens,
-                                               "source": lm.source}}
+    from tasks.evaluate.provenance import cited_for
+    provenance = {**cited_for(provenance, lm.run, Path(model)),
+                  "checkpoint": {"path": str(model), "step": lm.step, "tokens": lm.tokens, "source": lm.source}}
     return write_results(out, rows, gens, provenance, time.perf_counter() - start)
 
 
@@ -118,6 +120,7 @@ def main(argv: list[str]) -> int:
     try:
         p = load_params(args.params)
         prov = provenance.collect(Path.cwd(), Path(p.paths.data_dir), p.model_dump(mode="json"), {})
+        prov["train_run"] = provenance.current_run(Path(p.paths.data_dir))  # any model: its lineage is checked
         results = run(args.model, args.tokenizer, p.evaluate, Path(p.paths.benchmarks_dir), args.out, prov)
     except Exception as e:  # noqa: BLE001
         code, line = describe(e)
