@@ -31,7 +31,7 @@ class ArchParams(Strict):
     init_std: float | None = Field(None, gt=0.0, description=(
         "Weight init std; None: sqrt(1/(3*d_model)), the rule of Megatron-DeepSpeed's MT-NLG scripts "
         "(4.03e-3 at d_model 20480; the paper's is 4.0e-3)."))
-    layernorm_eps: float = Field(1e-5, gt=0.0)
+    layernorm_eps: float = Field(1e-5, gt=0.0, description="LayerNorm's epsilon.")
     attention: Literal["sdpa", "softmax"] = Field(
         "sdpa", description="sdpa: scaled_dot_product_attention (flash on GPU); softmax: explicit scores "
                             "through the scaled causal softmax (fused kernel when enabled).")
@@ -111,11 +111,11 @@ class ParallelParams(Strict):
 class OptimParams(Strict):
     """AdamW as MT-NLG: betas (0.9, 0.95), weight decay 0.1 (not on biases and LayerNorm), clipping 1.0."""
 
-    lr: float = Field(3e-4, gt=0.0)
-    beta1: float = Field(0.9, ge=0.0, lt=1.0)
-    beta2: float = Field(0.95, ge=0.0, lt=1.0)
-    eps: float = Field(1e-8, gt=0.0)
-    weight_decay: float = Field(0.1, ge=0.0)
+    lr: float = Field(3e-4, gt=0.0, description="Peak learning rate (after warmup).")
+    beta1: float = Field(0.9, ge=0.0, lt=1.0, description="Adam's beta1.")
+    beta2: float = Field(0.95, ge=0.0, lt=1.0, description="Adam's beta2.")
+    eps: float = Field(1e-8, gt=0.0, description="Adam's epsilon.")
+    weight_decay: float = Field(0.1, ge=0.0, description="AdamW's decoupled weight decay.")
     grad_clip: float = Field(1.0, ge=0.0, description="Global gradient-norm clip (0: off).")
     dtype: Literal["fp32", "bf16", "fp16"] = Field(
         "fp32", description="bf16/fp16: half-precision weights and activations, fp32 master weights and optimizer "
@@ -198,10 +198,11 @@ class Recipe(Strict):
     """One named training profile of params.yaml `train.profiles`: the network's shape, its layout,
     the optimizer and the schedule (the context length and vocabulary come from the blend)."""
 
-    model: ArchParams = ArchParams(n_layer=2, n_head=4, d_model=64)
-    parallel: ParallelParams = ParallelParams(pp=2, micro_batch=4, global_batch=8)
-    optim: OptimParams = OptimParams()
-    schedule: ScheduleParams = ScheduleParams()
+    model: ArchParams = Field(ArchParams(n_layer=2, n_head=4, d_model=64), description="The network's shape.")
+    parallel: ParallelParams = Field(ParallelParams(pp=2, micro_batch=4, global_batch=8),
+                                     description="Tensor x pipeline x data parallel layout and the batch.")
+    optim: OptimParams = Field(OptimParams(), description="AdamW and gradient clipping.")
+    schedule: ScheduleParams = Field(ScheduleParams(), description="Tokens, warmup, decay and the batch ramp.")
     seq_len: int | None = Field(None, ge=1, description="The context length the profile is made for (MT-NLG: "
                                                         "2048); None: the blend's. A blend of another is refused.")
 
@@ -240,7 +241,8 @@ class TrainStageParams(RunSettings):
     profile: str = Field("sample", description="The profile of `profiles` that runs.")
     profiles: dict[str, Recipe] = Field(default_factory=lambda: {"sample": Recipe()},
                                         description="Named recipes: the tiny CPU `sample`, a GPU one, MT-NLG 530B.")
-    launch: LaunchParams = LaunchParams()
+    launch: LaunchParams = Field(LaunchParams(),
+                                 description="How ranks are started: locally, or on the hosts of a hostfile.")
 
     @model_validator(mode="after")
     def _profile_exists(self):

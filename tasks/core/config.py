@@ -41,8 +41,9 @@ class RunnerParams(Strict):
     """How shards run in parallel. `python -m tasks` (and so `dvc repro`) runs them in max_workers threads
     (one after another for sequential); processes and dask apply to the Prefect flows."""
 
-    kind: Literal["sequential", "threads", "processes", "dask"] = "threads"
-    max_workers: int = Field(2, ge=1, le=512)
+    kind: Literal["sequential", "threads", "processes", "dask"] = Field(
+        "threads", description="How a stage's shards run: in order, on threads, in processes, or on a Dask cluster.")
+    max_workers: int = Field(2, ge=1, le=512, description="Shards at once (threads or processes).")
     dask_address: str | None = Field(
         None, description="tcp://host:port of an existing Dask scheduler (kind=dask)."
     )
@@ -51,11 +52,13 @@ class RunnerParams(Strict):
 class SampleParams(Strict):
     """The built-in mini-crawl: a deterministic stand-in for Common Crawl + curated sets."""
 
-    seed: int = Field(1234, ge=0, lt=2**32)
-    crawl_id: str = Field("CC-MAIN-2020-50", pattern=r"^CC-MAIN-\d{4}-\d{2}$")
-    n_warc_files: int = Field(4, ge=1, le=1000)
-    pages_per_warc: int = Field(60, ge=1, le=100_000)
-    curated_docs_per_dataset: int = Field(40, ge=1, le=1_000_000)
+    seed: int = Field(1234, ge=0, lt=2**32, description="Seed of the generated sample crawl.")
+    crawl_id: str = Field("CC-MAIN-2020-50", pattern=r"^CC-MAIN-\d{4}-\d{2}$",
+                          description="The snapshot the sample's WARC files name.")
+    n_warc_files: int = Field(4, ge=1, le=1000, description="Generated WARC files.")
+    pages_per_warc: int = Field(60, ge=1, le=100_000, description="Pages in each generated WARC file.")
+    curated_docs_per_dataset: int = Field(40, ge=1, le=1_000_000,
+                                          description="Documents of each generated curated dataset.")
 
 
 class CuratedSource(Strict):
@@ -74,17 +77,19 @@ class DownloadParams(Strict):
         "sample",
         description="sample: serve data/sample/corpus on 127.0.0.1 and download it over real HTTP.",
     )
-    base_url: str = Field("https://data.commoncrawl.org", pattern=r"^https?://[^\s]+$")
+    base_url: str = Field("https://data.commoncrawl.org", pattern=r"^https?://[^\s]+$",
+                          description="Where the crawl's files are served (Common Crawl's, or a mirror).")
     crawl_id: str | list[str] = Field(
         "CC-MAIN-2020-50", description="A Common Crawl snapshot, or a list of them (MT-NLG blends CC-MAIN-2020-50 and "
                                        "CC-MAIN-2021-04): n_files of each.")
-    n_files: int = Field(4, ge=1, le=100_000)
-    selection: Literal["first", "random"] = "random"
-    seed: int = Field(0, ge=0, lt=2**32)
-    retries: int = Field(5, ge=0, le=20)
-    backoff_s: float = Field(0.5, ge=0, le=60)
-    backoff_max_s: float = Field(30.0, ge=0, le=600)
-    timeout_s: float = Field(60.0, gt=0, le=3600)
+    n_files: int = Field(4, ge=1, le=100_000, description="WARC files taken from each snapshot's listing.")
+    selection: Literal["first", "random"] = Field(
+        "random", description="first: the head of the listing; random: a seeded sample of it.")
+    seed: int = Field(0, ge=0, lt=2**32, description="Seed of the random selection.")
+    retries: int = Field(5, ge=0, le=20, description="Tries after the first on a 5xx, connection or TLS error.")
+    backoff_s: float = Field(0.5, ge=0, le=60, description="First wait before a retry (doubled each time).")
+    backoff_max_s: float = Field(30.0, ge=0, le=600, description="Longest wait between retries.")
+    timeout_s: float = Field(60.0, gt=0, le=3600, description="Seconds without a byte before a transfer is retried.")
     max_failed_fraction: float = Field(
         0.01, ge=0, le=1,
         description="WARC files that are gone or still broken after retries are skipped and listed in "
@@ -111,10 +116,10 @@ class DownloadParams(Strict):
 
 
 class ExtractParams(Strict):
-    extractor: Literal["resiliparse", "trafilatura"] = "resiliparse"
+    extractor: Literal["resiliparse", "trafilatura"] = Field("resiliparse", description="The main-text extractor.")
     time_limit_s: float = Field(5.0, gt=0, le=600, description="Per-document extraction limit.")
     max_html_bytes: int = Field(4_000_000, ge=1024, description="Larger payloads are skipped.")
-    min_text_chars: int = Field(1, ge=0)
+    min_text_chars: int = Field(1, ge=0, description="Pages with less text are dropped (empty_text).")
     lang_chars: int = Field(1000, ge=100, description="Characters fed to language ID.")
     lang_min_chars: int = Field(200, ge=0, description="Shorter texts get lang 'unknown', not a guess.")
     lang_min_confidence: float = Field(
@@ -138,14 +143,15 @@ class DecontamParams(Strict):
     input_stage: Literal["extract", "dedup"] = Field("dedup", description="Stage whose shards are decontaminated.")
     tasks: list[TaskName] = Field(
         default_factory=lambda: ["lambada", "boolq", "race_h", "piqa", "hellaswag", "winogrande",
-                                 "anli_r2", "hans", "wic"], min_length=1)
+                                 "anli_r2", "hans", "wic"], min_length=1,
+        description="Evaluation tasks whose n-grams are removed.")
     n: int = Field(13, ge=5, le=50, description="N-gram length in words.")
     min_n: int = Field(8, ge=1, le=50, description="Shorter task texts count whole, down to this length.")
     max_doc_frequency: int = Field(10, ge=1, description="N-grams in more training docs are ignored.")
     margin_chars: int = Field(200, ge=0, description="Removed on each side of a match.")
     min_piece_chars: int = Field(200, ge=0, description="Shorter pieces of a split document are dropped.")
     max_pieces: int = Field(10, ge=1, description="A document split into more pieces is dropped.")
-    batch_docs: int = Field(1000, ge=1, le=100_000)
+    batch_docs: int = Field(1000, ge=1, le=100_000, description="Documents per batch.")
 
     @field_validator("min_n")
     @classmethod
@@ -201,17 +207,19 @@ class TokenizeParams(Strict):
 
 
 class PipelineParams(Strict):
-    paths: PathsParams = PathsParams()
-    runner: RunnerParams = RunnerParams()
-    sample: SampleParams = SampleParams()
-    download: DownloadParams = DownloadParams()
-    extract: ExtractParams = ExtractParams()
-    filter: FilterParams = FilterParams()
-    dedup: DedupParams = DedupParams()
-    decontaminate: DecontamParams = DecontamParams()
-    tokenize: TokenizeParams = TokenizeParams()
-    train: TrainStageParams = TrainStageParams()
-    evaluate: EvaluateParams = EvaluateParams()
+    paths: PathsParams = Field(PathsParams(), description="Folders: data, benchmarks, the Data Docs link.")
+    runner: RunnerParams = Field(RunnerParams(), description="How each stage's shards run.")
+    sample: SampleParams = Field(SampleParams(), description="The generated sample crawl (download.source: sample).")
+    download: DownloadParams = Field(DownloadParams(), description="Common Crawl WARC files and curated datasets.")
+    extract: ExtractParams = Field(ExtractParams(), description="Main text from HTML, with language ID.")
+    filter: FilterParams = Field(FilterParams(), description="Heuristic rules and the quality classifier.")
+    dedup: DedupParams = Field(DedupParams(), description="Fuzzy deduplication: MinHash, LSH, connected components.")
+    decontaminate: DecontamParams = Field(DecontamParams(),
+                                          description="13-gram overlaps with the evaluation tasks removed.")
+    tokenize: TokenizeParams = Field(TokenizeParams(),
+                                     description="BPE tokens, Megatron .bin/.idx datasets and the weighted blend.")
+    train: TrainStageParams = Field(TrainStageParams(), description="The GPT: 3D-parallel training profiles.")
+    evaluate: EvaluateParams = Field(EvaluateParams(), description="Zero-, one- and few-shot evaluation.")
 
     def crawl_ids(self) -> list[str]:
         """The Common Crawl snapshots the WARCs come from: the sample's, or download's (real CC file names

@@ -38,7 +38,7 @@ class DedupParams(Strict):
     band_shards: int = Field(0, ge=0, description="Shards of the bucket pass (bands split among them); 0: one per band.")
     device: Literal["auto", "cpu", "gpu"] = Field(
         "auto", description="Where signatures are computed: gpu (a CuPy kernel, bit-identical), cpu, or auto (gpu when present).")
-    batch_docs: int = Field(1000, ge=1, le=100_000)
+    batch_docs: int = Field(1000, ge=1, le=100_000, description="Documents per batch.")
     recheck_docs: int = Field(2000, ge=0, description="Kept documents the suite re-checks against their bucket mates.")
 
     @model_validator(mode="after")

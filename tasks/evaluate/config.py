@@ -21,26 +21,29 @@ FIGURE4_PROMPTS = ["Q: 11 + 23 = ?\nA: 34\nQ: 17 + 45 = ?\nA:", "The capital of 
 class GenerationParams(Strict):
     prompts: list[str] = Field(default_factory=lambda: list(FIGURE4_PROMPTS),
                                description="Generated from greedily and by sampling in every report.")
-    max_new_tokens: int = Field(32, ge=1, le=4096)
+    max_new_tokens: int = Field(32, ge=1, le=4096, description="Tokens generated per prompt.")
     temperature: float = Field(0.8, gt=0.0, description="Sampling temperature (greedy is always shown too).")
     top_k: int = Field(0, ge=0, description="Sample from the k most likely tokens (0: all).")
     top_p: float = Field(0.9, gt=0.0, le=1.0, description="Nucleus: the smallest set with this probability.")
-    seed: int = Field(1234, ge=0, lt=2**32)
+    seed: int = Field(1234, ge=0, lt=2**32, description="Seed of the sampled continuations.")
 
 
 class EvaluateParams(Strict):
     """Zero-, one- and few-shot evaluation on the MT-NLG tasks, prompts and metrics as lm-evaluation-harness."""
 
     input_stage: Literal["train"] = Field("train", description="Stage whose final checkpoint is evaluated.")
-    tasks: list[TaskName] = Field(default_factory=lambda: list(ALL_TASKS), min_length=1)
-    shots: list[Literal["zero", "one", "few"]] = Field(default_factory=lambda: ["zero", "one", "few"], min_length=1)
+    tasks: list[TaskName] = Field(default_factory=lambda: list(ALL_TASKS), min_length=1,
+                                  description="Tasks evaluated.")
+    shots: list[Literal["zero", "one", "few"]] = Field(default_factory=lambda: ["zero", "one", "few"], min_length=1,
+                                                       description="Settings: zero-, one- and few-shot (fewshot_k).")
     fewshot_k: dict[TaskName, int] = Field(default_factory=lambda: dict(MTNLG_K),
                                            description="k of the few-shot setting per task (MT-NLG's by default).")
     limit: int | None = Field(None, ge=1, description="Docs per task, drawn with `seed` (None: every doc).")
     seed: int = Field(1234, ge=0, lt=2**32, description="Seed of the subsample and of the few-shot draws.")
     token_budget: int = Field(16384, ge=64, description="Tokens per scoring batch.")
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    generation: GenerationParams = GenerationParams()
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when present.")
+    generation: GenerationParams = Field(GenerationParams(),
+                                         description="Continuations shown in the report (MT-NLG Figure 4).")
 
     @model_validator(mode="after")
     def _k_for_every_task(self):

@@ -31,13 +31,15 @@ class LanguageRule(Strict):
 class GopherQuality(Strict):
     """Gopher (Rae et al. 2021, App. A) quality rules; defaults as the paper and datatrove."""
 
-    min_words: int = Field(50, ge=0)
-    max_words: int = Field(100_000, ge=1)
-    min_avg_word_length: float = Field(3.0, ge=0)
-    max_avg_word_length: float = Field(10.0, ge=0)
+    min_words: int = Field(50, ge=0, description="Fewer words: dropped.")
+    max_words: int = Field(100_000, ge=1, description="More words: dropped.")
+    min_avg_word_length: float = Field(3.0, ge=0, description="Shorter mean word length: dropped.")
+    max_avg_word_length: float = Field(10.0, ge=0, description="Longer mean word length: dropped.")
     max_symbol_word_ratio: float = Field(0.1, ge=0, description="'#' or ellipses per word.")
-    max_bullet_lines_ratio: float = Field(0.9, ge=0, le=1)
-    max_ellipsis_lines_ratio: float = Field(0.3, ge=0, le=1)
+    max_bullet_lines_ratio: float = Field(0.9, ge=0, le=1,
+                                          description="Larger share of lines starting with a bullet: dropped.")
+    max_ellipsis_lines_ratio: float = Field(0.3, ge=0, le=1,
+                                            description="Larger share of lines ending in an ellipsis: dropped.")
     min_alpha_words_ratio: float = Field(0.8, ge=0, le=1, description="Share of words with an alphabetic character.")
     min_stop_words: int = Field(2, ge=0, le=8, description="Distinct stop words (the, be, to, of, and, that, have, with).")
 
@@ -50,17 +52,17 @@ class GopherQuality(Strict):
 
 
 class NgramFrac(Strict):
-    n: int = Field(ge=1, le=32)
-    frac: float = Field(ge=0, le=1)
+    n: int = Field(ge=1, le=32, description="N-gram length in words.")
+    frac: float = Field(ge=0, le=1, description="Largest character share of the most frequent n-gram.")
 
 
 class GopherRepetition(Strict):
     """Gopher repetition rules (Table A1): fractions above which a document is dropped."""
 
-    dup_line_frac: float = Field(0.3, ge=0, le=1)
-    dup_para_frac: float = Field(0.3, ge=0, le=1)
-    dup_line_char_frac: float = Field(0.2, ge=0, le=1)
-    dup_para_char_frac: float = Field(0.2, ge=0, le=1)
+    dup_line_frac: float = Field(0.3, ge=0, le=1, description="Share of lines that are duplicates.")
+    dup_para_frac: float = Field(0.3, ge=0, le=1, description="Share of paragraphs that are duplicates.")
+    dup_line_char_frac: float = Field(0.2, ge=0, le=1, description="Share of characters in duplicate lines.")
+    dup_para_char_frac: float = Field(0.2, ge=0, le=1, description="Share of characters in duplicate paragraphs.")
     top_ngrams: list[NgramFrac] = Field(
         [NgramFrac(n=2, frac=0.2), NgramFrac(n=3, frac=0.18), NgramFrac(n=4, frac=0.16)],
         description="Largest character share of the most frequent n-gram.")
@@ -73,7 +75,7 @@ class C4Lines(Strict):
     """C4 (Raffel et al. 2020) line rules: lines are removed, pages with too few sentences left dropped."""
 
     terminal_punctuation: bool = Field(True, description="Keep only lines ending in . ? ! \" ' (not an ellipsis).")
-    min_words_per_line: int = Field(3, ge=0)
+    min_words_per_line: int = Field(3, ge=0, description="Lines with fewer words are removed.")
     max_word_length: int = Field(1000, ge=1, description="Lines with a longer word are removed.")
     min_sentences: int = Field(5, ge=0, description="Pages with fewer sentences left are dropped.")
     lorem_ipsum: bool = Field(True, description="Drop pages containing 'lorem ipsum'.")
@@ -86,7 +88,7 @@ class C4Lines(Strict):
 class ClassifierParams(Strict):
     """GPT-3 App. A: hashed word n-gram features, logistic regression, Pareto sampling of the crawl."""
 
-    enabled: bool = True
+    enabled: bool = Field(True, description="Score and drop by the quality classifier (off: rules only).")
     positives: list[str] = Field(["Wikipedia (en)", "StackExchange"],
                                  description="High-quality datasets: the positive examples.")
     negatives: list[str] = Field(["common-crawl"], description="Raw crawl datasets: the negatives, and what is scored.")
@@ -102,7 +104,7 @@ class ClassifierParams(Strict):
     calibration: Literal["elkan_noto", "none"] = Field(
         "elkan_noto", description="elkan_noto: score = min(1, p / mean p of held-out positives); none: p as is.")
     alpha: float = Field(9.0, gt=0, description="Kept when pareto(alpha) > 1 - score (GPT-3: 9).")
-    seed: int = Field(1234, ge=0)
+    seed: int = Field(1234, ge=0, description="Seed of the classifier's training.")
     min_kept: float = Field(0.02, ge=0, le=1, description="Fewer kept of a scored dataset fails the stage's suite.")
     max_kept: float = Field(0.99, ge=0, le=1, description="More kept of a scored dataset fails the stage's suite.")
     min_scored_docs: int = Field(100, ge=0, description="The kept-fraction bounds apply to datasets with at least "
@@ -122,10 +124,10 @@ class ClassifierParams(Strict):
 
 class FilterParams(Strict):
     input_stage: Literal["extract"] = Field("extract", description="Stage whose shards are filtered.")
-    language: LanguageRule = LanguageRule()
-    gopher_quality: GopherQuality = GopherQuality()
-    gopher_repetition: GopherRepetition = GopherRepetition()
-    c4: C4Lines = C4Lines()
+    language: LanguageRule = Field(LanguageRule(), description="The language rule.")
+    gopher_quality: GopherQuality = Field(GopherQuality(), description="Gopher's quality rules.")
+    gopher_repetition: GopherRepetition = Field(GopherRepetition(), description="Gopher's repetition rules.")
+    c4: C4Lines = Field(C4Lines(), description="C4's line rules.")
     # Web-page rules: Gopher applied them to MassiveWeb only, C4's are for web text, and MT-NLG filtered the
     # crawl alone. Applied to the Pile they dropped every Github, ArXiv and PubMed document (alpha words) and
     # every book over Gopher's 100,000 words (Books3, PG-19).
@@ -134,8 +136,9 @@ class FilterParams(Strict):
                                       "empty and binary pages.")
     exempt: dict[str, list[Literal["language", "gopher_repetition", "gopher_quality", "c4"]]] = Field(
         {}, description="Dataset -> rule groups it skips, of rules_datasets (a crawl of code pages fails C4's braces).")
-    classifier: ClassifierParams = ClassifierParams()
-    batch_docs: int = Field(1000, ge=1, le=100_000)
+    classifier: ClassifierParams = Field(
+        ClassifierParams(), description="The quality classifier (GPT-3's, trained on the curated datasets).")
+    batch_docs: int = Field(1000, ge=1, le=100_000, description="Documents per batch.")
 
     def groups_for(self, dataset: str) -> tuple[str, ...]:
         if dataset not in self.rules_datasets:
