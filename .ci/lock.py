@@ -60,7 +60,7 @@ def resolve(root: Path = ROOT) -> tuple[dict, str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "constraints.txt")
     args = ap.parse_args(argv)
     lines = pins(*resolve())

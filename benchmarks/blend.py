@@ -60,7 +60,7 @@ def generate(data: Path, total_mb: float) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mb", type=at_least(0.1, float), default=6.0, help="MB of generated text in all")
     ap.add_argument("--repeats", type=at_least(1), default=3)
     args = ap.parse_args(argv)

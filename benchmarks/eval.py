@@ -91,7 +91,7 @@ def lmeval(model: Path, tasks, limit: int | None, batch_size: int) -> tuple[dict
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, default=None, help="a Hugging Face GPT-2 folder (default: made here)")
     ap.add_argument("--tokenizer", type=Path, default=TOKENIZER, help="for the model made here")
     ap.add_argument("--benchmarks", type=Path, default=Path("../shared/benchmarks"))

@@ -33,7 +33,7 @@ def steps(logs: Path) -> list[Step]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--logs", type=Path, default=Path("gpu-logs"), help="folder of the steps' logs")
     args = ap.parse_args(argv)
     import kernels

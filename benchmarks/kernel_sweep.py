@@ -239,7 +239,7 @@ def line(r: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json", help="also write every row to this file")
     ap.add_argument("--compile", nargs="*", default=[], metavar="KERNEL",

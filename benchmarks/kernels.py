@@ -244,7 +244,7 @@ def bench_step(reps: int, batch: int, with_compile: bool = False) -> float:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--compile-only", action="store_true", help="only compile every kernel with nvcc")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile baselines")
     ap.add_argument("--skip-step", action="store_true", help="skip the 350M training-step comparison")

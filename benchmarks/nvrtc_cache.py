@@ -30,7 +30,7 @@ def compile_one(item: tuple[str, str]) -> str | None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--processes", type=int, default=min(12, os.cpu_count() or 1))
     args = ap.parse_args(argv)
     import kernels

@@ -80,7 +80,7 @@ def export_diff(folder: Path, tmp: Path) -> float:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=8, help="steps of the layout-change runs")
     ap.add_argument("--kill-steps", type=int, default=24, help="steps of the killed run (killed after step 5)")
     args = ap.parse_args(argv)

@@ -142,7 +142,7 @@ def run(steps: list[Step], keep_going: bool = False, header: bool = True) -> int
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("names", nargs="*", metavar="name", help=f"benchmarks to run (default: {' '.join(BENCHMARKS)})")
     args = ap.parse_args(argv)
     unknown = [n for n in args.names if n not in BENCHMARKS]

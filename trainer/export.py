@@ -133,7 +133,7 @@ def export(checkpoint: Path, out: Path, tokenizer: Path | None = None) -> Path:
 
 def main(argv: list[str]) -> int:
     from tasks.core.errors import describe
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("checkpoint", type=Path)
     ap.add_argument("out", type=Path)
     ap.add_argument("--tokenizer", type=Path, default=None)
