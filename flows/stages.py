@@ -98,6 +98,8 @@ def resolve(params: PipelineParams, params_file: str | None) -> PipelineParams:
         if filled:
             get_run_logger().warning("params: %d field(s) left empty take params.yaml's value: %s", len(filled),
                                      ", ".join(filled))
+    if why := params.across_sections():  # after the form's empty fields took params.yaml's values
+        raise ConfigError(f"params: {why}")
     return params
 
 

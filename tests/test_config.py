@@ -130,7 +130,7 @@ def test_what_the_params_alone_rule_out_is_refused_as_they_are_read(section, key
     assert str(e.value) == f"params: {message}"
 
 
-def test_home_and_environment_variables_in_paths_are_expanded(monkeypatch):
+def test_home_and_environment_variables_in_paths_are_expanded(monkeypatch, tmp_path):
     """`data_dir: ~/data` wrote into a folder named `~` inside the project."""
     monkeypatch.setenv("HOME", "/home/someone")
     monkeypatch.setenv("DATA_DISK", "/mnt/big")
@@ -138,6 +138,10 @@ def test_home_and_environment_variables_in_paths_are_expanded(monkeypatch):
                       "tokenize": {"tokenizer_file": "${DATA_DISK}/gpt2/vocab.json", "merges_file": "~/merges.txt"}})
     assert (p.paths.data_dir, p.paths.benchmarks_dir) == ("/home/someone/mtnlg", "/mnt/big/benchmarks")
     assert (p.tokenize.tokenizer_file, p.tokenize.merges_file) == ("/mnt/big/gpt2/vocab.json", "/home/someone/merges.txt")
+    # a literal $: written $$, or in a path that exists as written (the diff review: such paths became unnameable)
+    (tmp_path / "price$list.jsonl").write_text("{}\n")
+    p = parse_params({"paths": {"data_dir": "out$$1"}, "download": {"curated": [{"path": str(tmp_path / "price$list.jsonl")}]}})
+    assert p.paths.data_dir == "out$1" and p.download.curated[0].path == str(tmp_path / "price$list.jsonl")
 
 
 def test_a_form_that_left_a_profiles_field_empty_takes_params_yamls_value():
@@ -185,6 +189,27 @@ def test_models_are_flow_parameters():
     schema = parameter_schema(pretraining_pipeline.fn).model_dump()
     assert "params" in schema["properties"] and "PipelineParams" in str(schema["definitions"])
     assert "DownloadParams" in schema["definitions"]
+
+
+def test_a_form_is_judged_across_sections_after_its_empty_fields_take_params_yamls_values():
+    """The checks across fields ran as the form was validated, on the models' defaults in its emptied fields:
+    a seq_length left empty was 2048 there, and a valid 1024-token profile was refused before params.yaml's
+    1024 could be filled in (the session's diff review)."""
+    import copy
+
+    import yaml
+
+    from flows.stages import filled_from
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["tokenize"].update(seq_length=1024, train_tokens=100_000)
+    raw["train"]["profiles"]["gpu-1k"] = {**copy.deepcopy(raw["train"]["profiles"]["sample"]), "seq_len": 1024}
+    raw["train"]["profile"] = "gpu-1k"
+    defaults = parse_params(raw)
+    form = defaults.model_dump(mode="json")
+    del form["tokenize"]["seq_length"]
+    p, filled = filled_from(defaults, PipelineParams.model_validate(form))
+    assert filled == ["tokenize.seq_length"] and p.tokenize.seq_length == 1024 and p.across_sections() is None
+    assert "is for seq_len 1024 but" in PipelineParams.model_validate(form).across_sections()
 
 
 def test_every_field_of_the_custom_run_form_has_a_description():

@@ -126,13 +126,6 @@ class ExtractParams(Strict):
         0.5, ge=0, le=1, description="Below this language-ID confidence (fastText's probability, lang_score) "
                                      "lang is 'unknown' (CCNet's 0.5).")
 
-    @model_validator(mode="after")
-    def _shorter_than_what_is_read(self):
-        if self.lang_min_chars > self.lang_chars:  # every page would be 'unknown', and the filter drop them all
-            raise ValueError(f"lang_min_chars {self.lang_min_chars} is more than the {self.lang_chars} "
-                             f"characters language ID reads (lang_chars): every page would be 'unknown'")
-        return self
-
 
 TaskName = Literal["lambada", "boolq", "race_h", "piqa", "hellaswag", "winogrande", "anli_r2", "hans", "wic"]
 
@@ -200,9 +193,6 @@ class TokenizeParams(Strict):
         # refused here, not after the tokenizer is trained and every shard tokenized
         if self.blend and not any(b.weight > 0 for b in self.blend):
             raise ValueError("every weight of blend is 0")
-        if self.train_tokens < self.seq_length:
-            raise ValueError(f"train_tokens ({self.train_tokens:,}) is less than one sample of seq_length "
-                             f"({self.seq_length:,}) tokens")
         return self
 
 
@@ -233,22 +223,31 @@ class PipelineParams(Strict):
             raise ValueError("dask_address is only used with kind: dask")
         return v
 
-    @model_validator(mode="after")
-    def _known_before_the_data(self):
-        # each was refused only by the stage that meets it: the blend's after six stages, the profile's after seven
+    def across_sections(self) -> str | None:
+        """Why these parameters cannot run, from values of several fields, found before any data (each was
+        refused only by the stage that met it: the blend's snapshot after six stages, the profile's context
+        length after seven). Not a model validator: the UI's form is validated before the fields it left
+        empty take params.yaml's values (flows.stages.filled_from), and it would judge the models' defaults."""
+        t = self.tokenize
+        if t.train_tokens < t.seq_length:
+            return (f"tokenize: train_tokens ({t.train_tokens:,}) is less than one sample of seq_length "
+                    f"({t.seq_length:,}) tokens")
+        if self.extract.lang_min_chars > self.extract.lang_chars:  # every page 'unknown': the filter drops them all
+            return (f"extract: lang_min_chars {self.extract.lang_min_chars} is more than the {self.extract.lang_chars} "
+                    f"characters language ID reads (lang_chars): every page would be 'unknown'")
         named = {c.dataset for c in self.download.curated}
-        if self.tokenize.profile == "custom" and None not in named:  # (an unnamed source's names are its data's)
+        if t.profile == "custom" and None not in named:  # (an unnamed source's names are its data's)
             snapshots = {"CC-" + c.removeprefix("CC-MAIN-") for c in self.crawl_ids()}
-            absent = [b.dataset for b in self.tokenize.blend if re.fullmatch(r"CC-\d{4}-\d{2}", b.dataset)
+            absent = [b.dataset for b in t.blend if re.fullmatch(r"CC-\d{4}-\d{2}", b.dataset)
                       and b.dataset not in snapshots | named]
             if absent:
-                raise ValueError(f"tokenize.blend names {', '.join(absent)}, but the crawl is "
-                                 f"{', '.join(self.crawl_ids())} (its dataset: {', '.join(sorted(snapshots))})")
+                return (f"tokenize.blend names {', '.join(absent)}, but the crawl is {', '.join(self.crawl_ids())} "
+                        f"(its dataset: {', '.join(sorted(snapshots))})")
         r = self.train.recipe
-        if r.seq_len is not None and r.seq_len != self.tokenize.seq_length:
-            raise ValueError(f"train.profile {self.train.profile!r} is for seq_len {r.seq_len} but the blend's "
-                             f"samples hold tokenize.seq_length {self.tokenize.seq_length} tokens")
-        return self
+        if r.seq_len is not None and r.seq_len != t.seq_length:
+            return (f"train.profile {self.train.profile!r} is for seq_len {r.seq_len} but the blend's samples hold "
+                    f"tokenize.seq_length {t.seq_length} tokens")
+        return None
 
     @model_validator(mode="after")
     def _language_cut_is_reachable(self):
@@ -279,9 +278,12 @@ def _format(err: ValidationError) -> str:
 
 def parse_params(raw: dict, source: str = "params") -> PipelineParams:
     try:
-        return PipelineParams.model_validate(raw or {})
+        p = PipelineParams.model_validate(raw or {})
     except ValidationError as err:
         raise ConfigError(f"{source}: {_format(err)}") from None
+    if why := p.across_sections():
+        raise ConfigError(f"{source}: {why}")
+    return p
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -18,11 +18,16 @@ class Strict(BaseModel):
 
 def _expanded(v: str) -> str:
     """`~` and `$VAR` as a shell would read them: taken literally, `data_dir: ~/data` wrote into a folder
-    named `~` inside the project, and a tokenizer under `$HOME` was "not found"."""
-    out = os.path.expandvars(os.path.expanduser(v)) if v else v
-    if (m := re.search(r"\$\{?(\w+)", out)) is not None:
-        raise ValueError(f"names ${m[1]}, which is not set in this environment")
-    return out
+    named `~` inside the project, and a tokenizer under `$HOME` was "not found". `$$` is a literal `$`; so is
+    one in a path that exists as written (`price$list.jsonl`)."""
+    if not v:
+        return v
+    parts = [os.path.expandvars(part) for part in os.path.expanduser(v).split("$$")]
+    out = "$".join(parts)
+    unset = [m[1] for part in parts for m in re.finditer(r"\$\{?(\w+)", part)]
+    if unset and not os.path.lexists(v.replace("$$", "$")):
+        raise ValueError(f"names ${unset[0]}, which is not set in this environment (a literal $ is written $$)")
+    return v.replace("$$", "$") if unset else out
 
 
 # a file or folder: `~` and environment variables expanded as the shell would

@@ -60,7 +60,10 @@ def without_typography(text: str) -> bytes | None:
     """`text`'s UTF-8 bytes with typographic punctuation removed and typographic spaces made ASCII spaces,
     when those are its only non-ASCII characters (the same words as normalize(text)); else None."""
     b = text.encode("utf-8", "surrogatepass")
-    others = set(b.translate(None, _ASCII_BYTES).decode("utf-8", "surrogatepass"))  # a page's few distinct ones
+    rest = b.translate(None, _ASCII_BYTES)
+    if len(rest) > len(b) // 8:  # another script's text, not English with its typography: the Python path at once
+        return None
+    others = set(rest.decode("utf-8", "surrogatepass"))  # a page's few distinct ones
     if not others.issubset(_TYPOGRAPHIC):
         return None
     for c in others:
@@ -77,6 +80,11 @@ def normalize(text: str) -> str:
         return text.lower().translate(_ASCII_DROP)
     if (b := without_typography(text)) is not None:
         return b.lower().decode("ascii").translate(_ASCII_DROP)
+    return normalize_other(text)
+
+
+def normalize_other(text: str) -> str:
+    """normalize() of a text that has non-ASCII characters other than typographic ones."""
     t = text.lower()
     if t.isascii():  # (the Kelvin sign, say: lower-cased to k)
         return t.translate(_ASCII_DROP)

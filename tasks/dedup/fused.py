@@ -14,7 +14,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from tasks.decontaminate.ngram_index import _ASCII_DROP, _WHITESPACE_BYTES, normalize, without_typography
+from tasks.decontaminate.ngram_index import _ASCII_DROP, _WHITESPACE_BYTES, normalize_other, without_typography
 from tasks.dedup.minhash import EMPTY, permutations
 
 _TABLE = np.arange(256, dtype=np.uint8)
@@ -110,7 +110,7 @@ def _kernel_bytes(text: str) -> bytes:
     """What _sign reads: ASCII it lowercases and strips itself (typographic marks removed first, the same
     words), else normalize's words."""
     b = without_typography(text)
-    return b if b is not None else normalize(text).encode("utf-8")
+    return b if b is not None else normalize_other(text).encode("utf-8")
 
 
 def sign_words(texts: list[str], n: int = 5, num_perm: int = 128, seed: int = 1):
