@@ -77,8 +77,8 @@ def collect(root: Path, data_dir: Path, params: dict, checkpoint: dict) -> dict:
 
 def current_run(data_dir: Path) -> str:
     """The identity of the training run in data_dir's train stage ('' when there is none)."""
-    stamp = Path(data_dir) / "train" / "work" / "identity"
-    return stamp.read_text(encoding="utf-8") if stamp.is_file() else ""
+    from tasks.train.work_folder import run_in
+    return run_in(Path(data_dir) / "train" / "work") or ""
 
 
 def cited_for(prov: dict, model_run: str | None, path: Path) -> dict:

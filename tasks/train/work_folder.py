@@ -24,7 +24,8 @@ from tasks.core.passes import remove_at_once
 IDENTITY = "identity"
 
 
-def _run_in(folder: Path) -> str | None:
+def run_in(folder: Path) -> str | None:
+    """The identity of the run `folder` holds (None: none)."""
     stamp = folder / IDENTITY
     return stamp.read_text(encoding="utf-8") if stamp.is_file() else None
 
@@ -72,9 +73,9 @@ def prepare(work: Path, identity: str) -> None:
     work = Path(work)
     previous = _sibling(work, ".previous")
     _recover(work, previous)
-    if _run_in(work) == identity:
+    if run_in(work) == identity:
         return
-    if _run_in(previous) == identity:  # back to the run before: swap the two
+    if run_in(previous) == identity:  # back to the run before: swap the two
         swap = _sibling(work, ".swap")
         if work.exists():
             os.replace(work, swap)
@@ -103,7 +104,7 @@ def prepare(work: Path, identity: str) -> None:
 def _kept_in(work: Path, identity: str) -> Path | None:
     """The folder keeping the run `identity`: `work`, work.previous/ or a killed swap's work.swap/."""
     work = Path(work)
-    return next((f for f in (work, _sibling(work, ".previous"), _sibling(work, ".swap")) if _run_in(f) == identity),
+    return next((f for f in (work, _sibling(work, ".previous"), _sibling(work, ".swap")) if run_in(f) == identity),
                 None)
 
 
