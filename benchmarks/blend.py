@@ -28,7 +28,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from benchmarks import at_least
+from benchmarks import at_least  # noqa: E402
 from tasks.core.config import parse_params  # noqa: E402
 from tasks.core.runner import adopt_outputs, run_stage  # noqa: E402
 from tasks.core.schema import write_docs  # noqa: E402

@@ -42,8 +42,8 @@ import numpy as np
 import psutil
 import pyarrow.parquet as pq
 
-from benchmarks.dedup_corpus import DATASETS, corpus
 from benchmarks import at_least
+from benchmarks.dedup_corpus import DATASETS, corpus
 from tasks.core.config import parse_params
 from tasks.core.runner import adopt_outputs, process_shard, run_stage
 from tasks.core.schema import write_docs

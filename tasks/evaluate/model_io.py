@@ -109,7 +109,8 @@ def load_checkpoint(folder: Path, tokenizer: Path) -> LoadedModel:
         model = _build(p, lambda name: tensors[f"param/{name}"])
     except ConfigError as e:
         raise CheckpointMismatch(str(e)) from None
-    return LoadedModel(model, tok, eod, "checkpoint", int(meta["step"]), meta.get("consumed_tokens"), meta.get("run") or None)
+    return LoadedModel(model, tok, eod, "checkpoint", int(meta["step"]), meta.get("consumed_tokens"),
+                       meta.get("run") or None)
 
 
 def load_hf(folder: Path, tokenizer: Path | None = None) -> LoadedModel:
